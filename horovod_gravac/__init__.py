@@ -1,0 +1,1 @@
+"""GraVAC adaptive gradient compression for Horovod."""

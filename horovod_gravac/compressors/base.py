@@ -1,0 +1,150 @@
+"""Sparse compressors as Horovod ``Compressor`` classes.
+
+Horovod's built-in compressors (``hvd.Compression.fp16``) are stateless classes
+with static ``compress``/``decompress``.  A sparsifier needs a compression factor
+(CF), so ours are *instances*: ``TopKCompressor(cf=100)``.  They keep the same
+two-method contract:
+
+    payload, ctx = compressor.compress(tensor)
+    tensor2 = compressor.decompress(payload, ctx)
+
+``payload`` is a :class:`SparsePayload` (values + int32 flat indices), ``ctx`` a
+:class:`SparseContext` (shape, dtype, numel).  Compressors hold no per-tensor
+state: error-feedback residuals live in the optimizer (see ``error_feedback.py``),
+because Horovod's compressor interface never sees which parameter a tensor is.
+
+Multi-level compression (GraVAC, paper section IV-C) is
+``compress_further(payload, ctx, factor)``: a payload already at CF ``a`` is
+compressed by a further ``factor``, reaching CF ``a * factor`` while touching only
+the ``numel / a`` kept entries instead of the whole tensor.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Tuple
+
+import torch
+
+try:  # Horovod is a hard dependency at run time; keep the pure parts importable without it.
+    from horovod.torch.compression import Compressor as _HorovodCompressor
+except Exception:  # pragma: no cover - exercised only where Horovod is missing
+    class _HorovodCompressor:  # type: ignore[no-redef]
+        """Stand-in with Horovod's interface, used only when Horovod is not installed."""
+
+# Gradients may arrive in these dtypes; values travel as float32 on the wire.
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class SparsePayload(NamedTuple):
+    """What a sparsifier sends: ``values[i]`` belongs at flat position ``indices[i]``."""
+
+    values: torch.Tensor   # 1-D, float32
+    indices: torch.Tensor  # 1-D, int32, unique, into the flattened tensor
+
+
+class SparseContext(NamedTuple):
+    """What ``decompress`` needs to rebuild the dense tensor."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+    numel: int
+
+
+def check_cf(cf, name: str = "cf") -> float:
+    """Validate a compression factor: a finite real number >= 1."""
+    if isinstance(cf, bool) or not isinstance(cf, (int, float)):
+        raise ValueError(f"{name} must be a real number >= 1, got {cf!r} ({type(cf).__name__})")
+    cf = float(cf)
+    if math.isnan(cf) or math.isinf(cf) or cf < 1.0:
+        raise ValueError(f"{name} must be a finite number >= 1 (CF = numel / kept), got {cf!r}")
+    return cf
+
+
+def kept_count(numel: int, cf: float) -> int:
+    """Entries kept at CF ``cf``: ``numel / cf`` rounded down, at least one (none for empty)."""
+    if numel == 0:
+        return 0
+    return max(1, min(numel, int(numel / cf)))
+
+
+def check_tensor(tensor: torch.Tensor) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise ValueError(
+            f"tensor must be a floating-point gradient ({', '.join(str(d) for d in FLOAT_DTYPES)}), "
+            f"got dtype {tensor.dtype}")
+
+
+class SparseCompressor(_HorovodCompressor):
+    """Base class: a sparsifier at a fixed compression factor.
+
+    Subclasses implement :meth:`select` (which flat entries to keep).  Everything
+    else (validation, flattening, context, decompression, multi-level) is here.
+
+    Attributes:
+        cf: the target compression factor (``numel / kept``).
+        shared_indices: True when every rank picks the same indices (Random-k with a
+            shared seed); the optimizer then sums values with a dense allreduce and
+            sends no indices at all.
+        exact_multilevel: True when ``compress_further`` gives exactly what direct
+            compression at the product CF gives (Top-k).
+    """
+
+    shared_indices = False
+    exact_multilevel = False
+
+    def __init__(self, cf: float = 100.0):
+        self.cf = check_cf(cf)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(cf={self.cf:g})"
+
+    # -- the part subclasses provide --------------------------------------------
+    def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
+        """Return the int64 or int32 flat indices to keep (about ``k`` of them, unique)."""
+        raise NotImplementedError
+
+    # -- Horovod's Compressor contract -------------------------------------------
+    def compress(self, tensor: torch.Tensor) -> Tuple[SparsePayload, SparseContext]:
+        check_tensor(tensor)
+        flat = tensor.detach().reshape(-1)
+        ctx = SparseContext(tensor.shape, tensor.dtype, flat.numel())
+        if ctx.numel == 0:
+            empty = torch.empty(0, dtype=torch.int32, device=flat.device)
+            return SparsePayload(empty.float(), empty), ctx
+        indices = self.select(flat, kept_count(ctx.numel, self.cf))
+        return self._payload(flat, indices), ctx
+
+    def decompress(self, payload: SparsePayload, ctx: SparseContext) -> torch.Tensor:
+        out = torch.zeros(ctx.numel, dtype=payload.values.dtype, device=payload.values.device)
+        out.index_copy_(0, payload.indices.long(), payload.values)
+        return out.to(ctx.dtype).view(ctx.shape)
+
+    # -- multi-level compression ------------------------------------------------
+    def compress_further(self, payload: SparsePayload, ctx: SparseContext,
+                         factor: float) -> SparsePayload:
+        """Compress a payload that is at ``self.cf`` by ``factor`` more (CF ``cf * factor``).
+
+        Only the kept values are examined.  The kept count is computed from the
+        original ``numel`` so that the result has exactly the entry count that direct
+        compression at ``cf * factor`` would have.
+        """
+        factor = check_cf(factor, "factor")
+        k = kept_count(ctx.numel, self.cf * factor)
+        if k >= payload.values.numel():
+            return payload
+        sub = self.select(payload.values, k)
+        return SparsePayload(payload.values.index_select(0, sub), payload.indices.index_select(0, sub))
+
+    # -- helpers ----------------------------------------------------------------
+    @staticmethod
+    def _payload(flat: torch.Tensor, indices: torch.Tensor) -> SparsePayload:
+        values = flat.index_select(0, indices.long() if indices.dtype != torch.int64 else indices)
+        return SparsePayload(values.to(torch.float32), indices.to(torch.int32))
+
+    @staticmethod
+    def wire_bytes(payload: SparsePayload, shared_indices: bool = False) -> int:
+        """Bytes this payload costs on the wire: 4 per value, plus 4 per index unless shared."""
+        n = payload.values.numel()
+        return 4 * n if shared_indices else 8 * n

@@ -1,0 +1,22 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="horovod_gravac",
+    version="0.1.0",
+    description="GraVAC adaptive gradient compression for Horovod + PyTorch",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["horovod_gravac", "horovod_gravac.*"]),
+    python_requires=">=3.8",
+    # Horovod must be built against the installed torch; scripts/setup.sh does that.
+    install_requires=["torch>=2.0", "numpy", "horovod>=0.28"],
+    extras_require={
+        # hypothesis: property tests of compress/decompress and error feedback.
+        "test": ["pytest>=7", "hypothesis"],
+        # matplotlib: the report's PNG plots; scikit-learn: ships the digits data set
+        # used by the embedded default run (nothing can be downloaded at run time).
+        "report": ["matplotlib", "scikit-learn"],
+        "mpi": ["mpi4py"],
+    },
+    entry_points={"console_scripts": ["gravac-train=horovod_gravac.train:main"]},
+)
