@@ -1,0 +1,344 @@
+"""Controllers: who decides each step's compression factor.
+
+A controller is plain Python (no Horovod, no tensors) so it can be unit-tested
+with scripted gains and timings.  The optimizer drives it:
+
+    decision = controller.decision          # what to do in the coming step
+    ... backward, compress, communicate ...
+    controller.observe(StepObservation(...)) # global (rank-averaged) measurements
+    controller.decision                      # decision for the next step
+
+Every rank feeds its controller identical, rank-averaged observations, so every
+rank computes the same decision; the optimizer still broadcasts rank 0's decision
+(``hvd.broadcast_object``) and the others ``adopt`` it, so ranks can never call
+different collectives.
+
+Decisions are made from measurements up to the previous step: that lets
+communication start from the backward hooks, as in ``hvd.DistributedOptimizer``.
+Gains are EWMA-smoothed anyway (the paper's factor N/100 gives the newest step a
+weight of N %), so the one-step lag changes the choice very rarely.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+from .compressors.base import check_cf
+from .gain import EWMA, compression_gain, paper_alpha
+from .policy import make_policy
+from .throughput import ThroughputTable
+
+DENSE = 1.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one step does.
+
+    ``theta_min`` is the first compression level (applied to the error-fed gradient),
+    ``candidate_cf`` the second (reached by compressing the theta_min payload further:
+    multi-level compression).  ``send_cf`` is one of 1.0 (dense allreduce),
+    ``theta_min`` or ``candidate_cf``.  ``theta_min == 1`` means nothing is compressed.
+    """
+
+    send_cf: float
+    theta_min: float = DENSE
+    candidate_cf: float = DENSE
+
+    @property
+    def level(self) -> str:
+        if self.send_cf == DENSE:
+            return "dense"
+        return "candidate" if self.send_cf == self.candidate_cf != self.theta_min else "min"
+
+
+@dataclass
+class StepObservation:
+    """Global measurements of one step (squared norms summed over all parameters and
+    averaged across ranks; times averaged across ranks)."""
+
+    ef_sq: float                 # ||g_ef||^2
+    min_sq: float                # ||C(g_ef, theta_min)||^2
+    candidate_sq: float          # ||C(C(g_ef, theta_min), theta_s)||^2
+    step_time: float             # seconds for the whole iteration
+    samples: float = 1.0         # samples processed by all ranks in the step (N * b)
+    grad_sq: float = 0.0         # ||g_o||^2 of the raw gradient (Accordion)
+    accumulated_sq: Optional[float] = None  # ||sum of g_o over the interval||^2 (Accordion)
+    finite: bool = True          # False if any rank saw a NaN/Inf gradient
+
+
+class Controller:
+    """Base class. Subclasses set ``self.decision`` and may override ``observe``."""
+
+    #: True when the controller needs rank-averaged observations every step
+    #: (one small allreduce) and a broadcast decision.
+    needs_consensus = False
+    #: True when the optimizer must keep a running sum of raw gradients (Accordion).
+    needs_accumulation = False
+
+    def __init__(self):
+        self.step = 0
+        self.decision = Decision(DENSE)
+        self.last: Dict[str, float] = {}
+
+    def observe(self, obs: StepObservation) -> Decision:
+        self.step += 1
+        return self.decision
+
+    def adopt(self, decision: Decision) -> None:
+        """Take the decision agreed by rank 0."""
+        self.decision = decision
+
+    def config(self) -> dict:
+        """Settings that must match on every rank (checked at start-up)."""
+        return {"type": type(self).__name__}
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "decision": asdict(self.decision)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.decision = Decision(**state["decision"])
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "type")
+        return f"{type(self).__name__}({args})"
+
+
+class Dense(Controller):
+    """Plain allreduce of the full gradient, every step (dense SGD)."""
+
+
+class StaticCF(Controller):
+    """One fixed compression factor for the whole run (CF 1 is dense)."""
+
+    def __init__(self, cf: float):
+        super().__init__()
+        self.cf = check_cf(cf, "cf")
+        self.decision = Decision(self.cf, self.cf, self.cf)
+
+    def config(self) -> dict:
+        return {"type": "StaticCF", "cf": self.cf}
+
+
+class GraVAC(Controller):
+    """Algorithm 1 of the paper: adapt the CF online from compression gain and
+    compression throughput.
+
+    Args:
+        theta_min: lowest CF, the first compression level (>= 1).
+        theta_max: highest CF a candidate may reach (>= theta_min).
+        epsilon: minimum smoothed gain for a CF to be sent, in (0, 1].
+        omega: relative tolerance for "gains equal" (theta_min scale-up) and
+            "throughput saturated" (stop rule), >= 0.
+        window: steps per evaluation window (>= 1).
+        policy: "exponential" | "geometric" | a ScalingPolicy.
+        ewma_alpha: gain smoothing factor; None = the paper's N/100 for N ranks
+            (set by the optimizer through ``set_world_size``).
+        batch_size: per-rank samples per step, for T_sys in samples/s (else steps/s x N).
+
+    Readable state: ``theta_min``, ``candidate_cf``, ``gain_min``, ``gain_candidate``,
+    ``throughput`` (a ThroughputTable), ``history`` (one entry per window check).
+    """
+
+    needs_consensus = True
+
+    def __init__(self, theta_min: float = 10.0, theta_max: float = 1000.0, epsilon: float = 0.7,
+                 omega: float = 0.01, window: int = 500, policy="exponential",
+                 ewma_alpha: Optional[float] = None, batch_size: Optional[int] = None):
+        super().__init__()
+        self.theta_min0 = check_cf(theta_min, "theta_min")
+        self.theta_max = check_cf(theta_max, "theta_max")
+        if self.theta_max < self.theta_min0:
+            raise ValueError(f"theta_max ({theta_max}) must be >= theta_min ({theta_min})")
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) \
+                or math.isnan(epsilon) or not (0.0 < epsilon <= 1.0):
+            raise ValueError(f"epsilon must be in (0, 1], got {epsilon!r}")
+        if isinstance(omega, bool) or not isinstance(omega, (int, float)) \
+                or not math.isfinite(omega) or omega < 0.0:
+            raise ValueError(f"omega must be a finite number >= 0, got {omega!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        if ewma_alpha is not None and not (isinstance(ewma_alpha, (int, float)) and 0.0 < ewma_alpha <= 1.0):
+            raise ValueError(f"ewma_alpha must be in (0, 1] or None, got {ewma_alpha!r}")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        self.epsilon = float(epsilon)
+        self.omega = float(omega)
+        self.window = window
+        self.policy = make_policy(policy)
+        self.ewma_alpha = ewma_alpha
+        self.batch_size = batch_size
+        self.world_size = 1
+
+        self.theta_min = self.theta_min0
+        self.candidate_cf = self.theta_min0     # theta_s = 1 in the first window
+        alpha = ewma_alpha if ewma_alpha is not None else paper_alpha(1)
+        self._gain_min = EWMA(alpha)
+        self._gain_candidate = EWMA(alpha)
+        self.throughput = ThroughputTable()
+        self.history: List[dict] = []
+        # Nothing is known before the first step: send dense once (gain 1 by definition).
+        self.decision = Decision(DENSE, self.theta_min, self.candidate_cf)
+
+    # -- configuration -------------------------------------------------------------
+    def set_world_size(self, n: int) -> None:
+        self.world_size = max(1, int(n))
+        if self.ewma_alpha is None:
+            self._gain_min.alpha = self._gain_candidate.alpha = paper_alpha(self.world_size)
+
+    def config(self) -> dict:
+        return {"type": "GraVAC", "theta_min": self.theta_min0, "theta_max": self.theta_max,
+                "epsilon": self.epsilon, "omega": self.omega, "window": self.window,
+                "policy": repr(self.policy), "ewma_alpha": self.ewma_alpha,
+                "batch_size": self.batch_size}
+
+    @property
+    def theta_s(self) -> float:
+        return self.candidate_cf / self.theta_min
+
+    @property
+    def gain_min(self) -> Optional[float]:
+        return self._gain_min.value
+
+    @property
+    def gain_candidate(self) -> Optional[float]:
+        return self._gain_candidate.value
+
+    # -- per step ------------------------------------------------------------------
+    def observe(self, obs: StepObservation) -> Decision:
+        self.step += 1
+        sent = self.decision
+        if obs.finite:
+            # Algorithm 1 lines 7 and 9: smoothed gains of theta_min and of the candidate.
+            self._gain_min.update(compression_gain(obs.min_sq, obs.ef_sq))
+            self._gain_candidate.update(compression_gain(obs.candidate_sq, obs.ef_sq))
+            # UpdateStep: T_sys and T_compress for the CF actually sent (dense: gain 1).
+            samples = obs.samples if self.batch_size is None else self.batch_size * self.world_size
+            t_sys = samples / obs.step_time if obs.step_time > 0 else 0.0
+            gain_sent = {"dense": 1.0, "min": self.gain_min,
+                         "candidate": self.gain_candidate}[sent.level]
+            t_comp = self.throughput.record(sent.send_cf, t_sys, gain_sent)
+            self.last = {"system_throughput": t_sys, "compression_throughput": t_comp}
+        if self.step % self.window == 0:
+            self._check_gravac()
+        self.decision = self._choose()
+        return self.decision
+
+    def _choose(self) -> Decision:
+        """Algorithm 1 lines 10-24: candidate if its gain >= epsilon, else theta_min, else dense."""
+        g_c, g_min = self.gain_candidate, self.gain_min
+        if g_c is not None and g_c >= self.epsilon:
+            send = self.candidate_cf
+        elif g_min is not None and g_min >= self.epsilon:
+            send = self.theta_min
+        else:
+            send = DENSE
+        return Decision(send, self.theta_min, self.candidate_cf)
+
+    def _check_gravac(self) -> None:
+        """CheckGraVAC, every ``window`` steps: theta_min scale-up, scaling policy, stop rule."""
+        evaluated = self.candidate_cf
+        g_min, g_c = self.gain_min, self.gain_candidate
+        self.throughput.close_window()
+        # theta_min moves up to the evaluated candidate when their gains are within omega.
+        if evaluated > self.theta_min and g_min and g_c is not None \
+                and abs(g_min - g_c) / g_min <= self.omega:
+            self.theta_min = evaluated
+            self._gain_min.reset(g_c)   # the new theta_min's gain is what we measured for it
+        # ScalingPolicy: the next rung of the ladder, never past theta_max.
+        candidate = self.policy.next_cf(max(evaluated, self.theta_min), self.theta_min0, self.theta_max)
+        # Stop rule: the two best compression throughputs within omega -> keep the lower CF.
+        ideal = self.throughput.saturated_cf(self.omega)
+        if ideal is not None:
+            candidate = max(ideal, self.theta_min)
+        if candidate != self.candidate_cf:
+            self.candidate_cf = candidate
+            self._gain_candidate.reset(g_c if candidate == evaluated else None)
+        self.history.append({"step": self.step, "evaluated_cf": evaluated, "theta_min": self.theta_min,
+                             "next_candidate_cf": self.candidate_cf, "gain_min": g_min,
+                             "gain_candidate": g_c, "saturated_at": ideal,
+                             "compression_throughput": dict(self.throughput.compression)})
+
+    def adopt(self, decision: Decision) -> None:
+        self.decision = decision
+        self.theta_min, self.candidate_cf = decision.theta_min, decision.candidate_cf
+
+    # -- checkpointing -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state.update({"theta_min": self.theta_min, "candidate_cf": self.candidate_cf,
+                      "world_size": self.world_size,
+                      "gain_min": self._gain_min.state_dict(),
+                      "gain_candidate": self._gain_candidate.state_dict(),
+                      "throughput": self.throughput.state_dict(), "history": list(self.history)})
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.theta_min, self.candidate_cf = state["theta_min"], state["candidate_cf"]
+        self.world_size = state["world_size"]
+        self._gain_min.load_state_dict(state["gain_min"])
+        self._gain_candidate.load_state_dict(state["gain_candidate"])
+        self.throughput.load_state_dict(state["throughput"])
+        self.history = list(state["history"])
+
+
+class Accordion(Controller):
+    """Accordion (Agarwal et al., MLSys 2021): low compression in critical regimes.
+
+    Every ``interval`` steps, compare the norm of the gradient accumulated over the
+    interval with that of the previous interval; a relative change of at least
+    ``threshold`` marks a critical regime, trained at ``low_cf``; otherwise
+    ``high_cf``.  The first interval is treated as critical.
+    """
+
+    needs_consensus = True
+    needs_accumulation = True
+
+    def __init__(self, low_cf: float = 10.0, high_cf: float = 1000.0, threshold: float = 0.5,
+                 interval: int = 100):
+        super().__init__()
+        self.low_cf = check_cf(low_cf, "low_cf")
+        self.high_cf = check_cf(high_cf, "high_cf")
+        if self.high_cf < self.low_cf:
+            raise ValueError(f"high_cf ({high_cf}) must be >= low_cf ({low_cf})")
+        if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
+            raise ValueError(f"threshold must be a finite number > 0, got {threshold!r}")
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"interval must be an integer >= 1, got {interval!r}")
+        self.threshold, self.interval = float(threshold), interval
+        self.previous_norm: Optional[float] = None
+        self.critical = True
+        self.history: List[dict] = []
+        self.decision = Decision(self.low_cf, self.low_cf, self.low_cf)
+
+    def config(self) -> dict:
+        return {"type": "Accordion", "low_cf": self.low_cf, "high_cf": self.high_cf,
+                "threshold": self.threshold, "interval": self.interval}
+
+    def observe(self, obs: StepObservation) -> Decision:
+        self.step += 1
+        if self.step % self.interval == 0 and obs.accumulated_sq is not None and obs.finite:
+            norm = math.sqrt(max(0.0, obs.accumulated_sq))
+            if self.previous_norm is None or self.previous_norm == 0.0:
+                self.critical = True
+            else:
+                self.critical = abs(self.previous_norm - norm) / self.previous_norm >= self.threshold
+            self.previous_norm = norm
+            cf = self.low_cf if self.critical else self.high_cf
+            self.decision = Decision(cf, cf, cf)
+            self.history.append({"step": self.step, "norm": norm, "critical": self.critical, "cf": cf})
+        return self.decision
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state.update({"previous_norm": self.previous_norm, "critical": self.critical,
+                      "history": list(self.history)})
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.previous_norm, self.critical = state["previous_norm"], state["critical"]
+        self.history = list(state["history"])

@@ -1,0 +1,56 @@
+"""Error feedback: what was not sent this step is added to the next step's gradient.
+
+One fp32 residual buffer per bucket, allocated on first use.  It doubles as the
+buffer in which the error-fed gradient is formed (``g_ef = residual + g``, in
+place), so error feedback costs exactly one copy of the parameters:
+
+    g_ef = memory.add(key, grads)         # residual <- residual + g (in place)
+    ... compress / send ...
+    memory.sent_sparse(key, indices)      # residual <- g_ef with sent entries zeroed
+    memory.sent_dense(key)                # residual <- 0
+
+Invariant (tested): sent + new residual == gradient + old residual.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, Optional
+
+import torch
+
+
+class ErrorFeedback:
+    def __init__(self):
+        self.residuals: Dict[int, torch.Tensor] = {}
+
+    def buffer(self, key: int, numel: int, device) -> torch.Tensor:
+        buf = self.residuals.get(key)
+        if buf is None or buf.numel() != numel or buf.device != torch.device(device):
+            buf = torch.zeros(numel, dtype=torch.float32, device=device)
+            self.residuals[key] = buf
+        return buf
+
+    def add(self, key: int, grads: Iterable[Optional[torch.Tensor]], offsets, numel: int, device) -> torch.Tensor:
+        """residual += concatenated gradients (missing gradients count as zero)."""
+        buf = self.buffer(key, numel, device)
+        for g, (start, end) in zip(grads, offsets):
+            if g is not None:
+                buf[start:end].add_(g.reshape(-1))
+        return buf
+
+    def sent_sparse(self, key: int, indices: torch.Tensor) -> None:
+        """The entries at ``indices`` were sent with their exact values."""
+        self.residuals[key].index_fill_(0, indices.long(), 0.0)
+
+    def sent_dense(self, key: int) -> None:
+        self.residuals[key].zero_()
+
+    def sent_approximation(self, key: int, approximation: torch.Tensor) -> None:
+        """A lossy (e.g. low-rank) version was sent: keep what it missed."""
+        self.residuals[key].sub_(approximation.reshape(-1))
+
+    def reset(self) -> None:
+        for buf in self.residuals.values():
+            buf.zero_()
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.residuals.values())

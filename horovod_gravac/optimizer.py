@@ -1,0 +1,476 @@
+"""``horovod_gravac.DistributedOptimizer``: a drop-in for ``hvd.DistributedOptimizer``.
+
+What it keeps from Horovod's optimizer: communication starts from backward hooks
+(per bucket, as soon as every gradient of the bucket is accumulated),
+``synchronize()`` / ``skip_synchronize()``, ``backward_passes_per_step``, the
+``zero_grad`` race check, and the class of the wrapped optimizer
+(``isinstance(opt, torch.optim.SGD)`` still holds).
+
+What it adds, per bucket and step (see ``controllers.py`` for who decides):
+
+1. g_ef = g + residual                        (error feedback, ``error_feedback.py``)
+2. g_min = C(g_ef, theta_min)                 (first level)
+3. g_c   = C(g_min, theta_s)                  (multi-level: the candidate from g_min)
+4. send dense g_ef, g_min or g_c as decided   (``comm.py``: allreduce or one allgather)
+5. residual = g_ef - sent
+
+After the collectives complete, one small allreduce averages the step's squared
+norms and time across ranks, the controller turns them into the next decision,
+and rank 0's decision is broadcast (``hvd.broadcast_object``) so every rank calls
+the same collectives in the next step.  Static controllers skip that exchange.
+
+Non-finite gradients: a rank whose bucket holds a NaN/Inf contributes zeros for
+that bucket in that step and leaves its residual untouched; every rank receives
+the same aggregate, so parameters stay identical.  The event is counted in
+``stats["nonfinite_buckets"]`` and the step's gains are not fed to the controller.
+"""
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+from contextlib import contextmanager
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from . import comm
+from .compressors.base import FLOAT_DTYPES, SparseCompressor, check_cf
+from .compressors.topk import TopKCompressor
+from .controllers import DENSE, Controller, Decision, Dense, StepObservation
+from .error_feedback import ErrorFeedback
+
+
+class _Bucket:
+    """Parameters whose gradients are flattened, compressed and sent together."""
+
+    def __init__(self, index: int, named: List[Tuple[str, torch.nn.Parameter]]):
+        self.index = index
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.offsets, start = [], 0
+        for p in self.params:
+            self.offsets.append((start, start + p.numel()))
+            start += p.numel()
+        self.numel = start
+        self.device = self.params[0].device
+        self.accumulated: Optional[torch.Tensor] = None   # Accordion's gradient sum
+        self.reset()
+
+    def reset(self):
+        self.ready = 0
+        self.handle = None
+        self.kind = None        # "dense" | "sparse" | "shared"
+        self.payload = None     # the SparsePayload sent (shared-index path)
+
+
+def _make_buckets(named: List[Tuple[str, torch.nn.Parameter]], cap_bytes: int) -> List[_Bucket]:
+    # Reverse registration order approximates the order gradients become ready.
+    buckets, current, size = [], [], 0
+    for name, p in reversed(named):
+        if current and (size + p.numel() * 4 > cap_bytes or p.device != current[0][1].device):
+            buckets.append(_Bucket(len(buckets), current))
+            current, size = [], 0
+        current.append((name, p))
+        size += p.numel() * 4
+    if current:
+        buckets.append(_Bucket(len(buckets), current))
+    return buckets
+
+
+class _GravacDistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compressor, controller: Controller,
+                 backward_passes_per_step: int = 1, bucket_cap_mb: float = 25.0,
+                 check_consistency: bool = True):
+        super(self.__class__, self).__init__(params)
+        if not isinstance(controller, Controller):
+            raise ValueError(f"controller must be a horovod_gravac controller "
+                             f"(Dense, StaticCF, GraVAC, Accordion), got {controller!r}")
+        if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+                or backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
+        if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
+            raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
+        self.controller = controller
+        self.backward_passes_per_step = backward_passes_per_step
+        self._compressor_factory = _compressor_factory(compressor)
+        self._compressors: Dict[float, SparseCompressor] = {}
+
+        named = _named_parameters(self.param_groups, named_parameters)
+        for name, p in named:
+            if p.requires_grad and p.dtype not in FLOAT_DTYPES:
+                raise ValueError(f"parameter {name!r} has dtype {p.dtype}; only floating-point "
+                                 f"parameters can be trained with gradient compression")
+        trainable = [(n, p) for n, p in named if p.requires_grad]
+        self._buckets = _make_buckets(trainable, int(bucket_cap_mb * 2 ** 20))
+        self._bucket_of = {p: b for b in self._buckets for p in b.params}
+        self._delay = {p: backward_passes_per_step for _, p in trainable}
+        self._memory = ErrorFeedback()
+        self._world = comm.size()
+        if hasattr(controller, "set_world_size"):
+            controller.set_world_size(self._world)
+        if check_consistency and self._world > 1:
+            self._check_consistency(trainable)
+
+        self._synchronized = False
+        self._should_synchronize = True
+        self._step_index = 0
+        self._step_start: Optional[float] = None
+        self._reset_step_counters()
+        self.stats: Dict[str, float] = {}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(p)) for _, p in trainable]
+
+    # -- start-up ----------------------------------------------------------------------
+    def _check_consistency(self, trainable):
+        """Fail on every rank, with the difference named, if ranks disagree on set-up."""
+        mine = {"controller": self.controller.config(),
+                "compressor": repr(self._compressor_factory(10.0)),
+                "backward_passes_per_step": self.backward_passes_per_step,
+                "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in trainable]}
+        everyone = comm.allgather_object(mine, name="gravac.consistency")
+        for r, theirs in enumerate(everyone):
+            for key in mine:
+                if theirs[key] != everyone[0][key]:
+                    raise ValueError(
+                        f"horovod_gravac: rank {r} differs from rank 0 in '{key}': "
+                        f"{_short(theirs[key])} vs {_short(everyone[0][key])}. All ranks must "
+                        f"use the same model, compressor and controller settings.")
+
+    # -- compressors ---------------------------------------------------------------------
+    def _compressor(self, cf: float) -> SparseCompressor:
+        comp = self._compressors.get(cf)
+        if comp is None:
+            comp = self._compressors[cf] = self._compressor_factory(cf)
+        return comp
+
+    # -- hooks ---------------------------------------------------------------------------
+    def _make_hook(self, p):
+        def hook(param):
+            if self._delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before "
+                    "call to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+            if self._step_start is None:
+                self._step_start = time.perf_counter()
+            self._delay[p] -= 1
+            if self._delay[p] == 0:
+                bucket = self._bucket_of[p]
+                bucket.ready += 1
+                if bucket.ready == len(bucket.params):
+                    self._launch(bucket)
+        return hook
+
+    def _reset_step_counters(self):
+        self._norms = torch.zeros(3, dtype=torch.float64)   # ||g_ef||^2, ||g_min||^2, ||g_c||^2
+        self._grad_sq = 0.0
+        self._compress_time = 0.0
+        self._bytes_sent = 0
+        self._floats_sent = 0
+        self._nonfinite = 0
+        self._quality: List[float] = []
+
+    def _launch(self, bucket: _Bucket) -> None:
+        """Error feedback, compression and the start of this bucket's collective."""
+        t0 = time.perf_counter()
+        decision = self.controller.decision
+        bucket.launched_finite = True
+        for p in bucket.params:
+            if p.grad is None:   # unused this step here, maybe used on another rank
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in bucket.params]
+        grad_sq = _squared_norm(grads)   # one host sync per bucket; doubles as the NaN/Inf check
+        finite = grad_sq == grad_sq and grad_sq != float("inf")
+        if finite:
+            self._grad_sq += grad_sq
+            if self.controller.needs_accumulation:
+                if bucket.accumulated is None:
+                    bucket.accumulated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
+                for g, (s, e) in zip(grads, bucket.offsets):
+                    bucket.accumulated[s:e].add_(g.reshape(-1))
+            g_ef = self._memory.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device)
+        else:
+            # Contribute zeros through the very same collective; leave the residual alone.
+            self._nonfinite += 1
+            bucket.launched_finite = False
+            g_ef = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
+        self._compress_and_start(bucket, g_ef, decision, update_residual=finite)
+        self._compress_time += time.perf_counter() - t0
+
+    def _compress_and_start(self, bucket, g_ef, decision: Decision, update_residual: bool) -> None:
+        name = f"gravac.bucket.{bucket.index}"
+        if decision.theta_min == DENSE:   # nothing to compress or measure: plain allreduce
+            self._start_dense(bucket, g_ef, name)
+            return
+        comp_min = self._compressor(decision.theta_min)
+        self._set_step(comp_min, bucket)
+        payload_min, ctx = comp_min.compress(g_ef)
+        payload_c = payload_min
+        if decision.candidate_cf > decision.theta_min:   # multi-level: from g_min, not g_ef
+            payload_c = comp_min.compress_further(payload_min, ctx, decision.candidate_cf / decision.theta_min)
+        if self.controller.needs_consensus and update_residual:
+            self._norms += torch.stack([g_ef.dot(g_ef), payload_min.values.dot(payload_min.values),
+                                        payload_c.values.dot(payload_c.values)]).double().cpu()
+        quality = getattr(comp_min, "last_quality", None)
+        if quality is not None:
+            self._quality.append(float(quality))
+        if decision.send_cf == DENSE:
+            self._start_dense(bucket, g_ef, name)
+            return
+        payload = payload_c if decision.send_cf == decision.candidate_cf else payload_min
+        if update_residual:
+            self._memory.sent_sparse(bucket.index, payload.indices)
+        self._start_sparse(bucket, payload, comp_min.shared_indices, name)
+
+    def _set_step(self, comp, bucket):
+        if hasattr(comp, "set_step"):   # shared-seed compressors draw per (step, bucket)
+            comp.set_step(self._step_index, bucket.index)
+
+    def _start_dense(self, bucket, flat, name):
+        bucket.kind = "dense"
+        bucket.handle = comm.allreduce_mean_async(flat, name)
+        self._bytes_sent += flat.numel() * 4
+        self._floats_sent += flat.numel()
+
+    def _start_sparse(self, bucket, payload, shared_indices, name):
+        k = payload.values.numel()
+        if shared_indices:
+            bucket.kind, bucket.payload = "shared", payload
+            bucket.handle = comm.allreduce_mean_async(payload.values.clone(), name)
+            self._bytes_sent += 4 * k
+            self._floats_sent += k
+        else:
+            bucket.kind = "sparse"
+            bucket.handle = comm.allgather_async(comm.pack(payload), name)
+            self._bytes_sent += 8 * k
+            self._floats_sent += 2 * k
+
+    # -- synchronize -------------------------------------------------------------------------
+    def synchronize(self):
+        """Finish every bucket's communication and write averaged gradients to ``p.grad``."""
+        if self._step_start is None:
+            self._step_start = time.perf_counter()
+        for bucket in self._buckets:   # buckets whose hooks did not all fire (unused params)
+            if bucket.handle is None:
+                self._launch(bucket)
+        t_comm = time.perf_counter()
+        for bucket in self._buckets:
+            out = comm.wait(bucket.handle)
+            if bucket.kind == "sparse":
+                aggregated = comm.unpack_sum(out, bucket.numel).div_(self._world)
+            elif bucket.kind == "shared":
+                aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
+                aggregated.index_copy_(0, bucket.payload.indices.long(), out)
+            else:
+                aggregated = out
+            for p, (s, e) in zip(bucket.params, bucket.offsets):
+                p.grad.copy_(aggregated[s:e].view_as(p.grad))
+            if bucket.kind == "dense" and bucket.launched_finite and bucket.index in self._memory.residuals:
+                self._memory.sent_dense(bucket.index)
+            bucket.reset()
+        comm_time = time.perf_counter() - t_comm
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+        self._finish_step(comm_time)
+        self._synchronized = True
+
+    def _finish_step(self, comm_time: float):
+        now = time.perf_counter()
+        step_time = now - self._step_start
+        decision = self.controller.decision
+        ctrl = self.controller
+        stats = {"step": self._step_index, "cf": decision.send_cf, "level": decision.level,
+                 "theta_min": decision.theta_min, "candidate_cf": decision.candidate_cf,
+                 "bytes_sent": self._bytes_sent, "floats_sent": self._floats_sent,
+                 "dense_floats": sum(b.numel for b in self._buckets),
+                 "step_time": step_time, "compress_time": self._compress_time, "comm_time": comm_time,
+                 "nonfinite_buckets": self._nonfinite,
+                 "quality": sum(self._quality) / len(self._quality) if self._quality else None}
+        if ctrl.needs_consensus:
+            acc_sq = 0.0
+            interval = getattr(ctrl, "interval", None)
+            at_boundary = interval is not None and (ctrl.step + 1) % interval == 0
+            if at_boundary:
+                acc_sq = sum(float(b.accumulated.double().pow(2).sum()) for b in self._buckets
+                             if b.accumulated is not None)
+            n = self._norms
+            glob = comm.allreduce_mean([float(n[0]), float(n[1]), float(n[2]), step_time,
+                                        self._grad_sq, acc_sq, float(self._nonfinite > 0)],
+                                       name="gravac.stats").tolist()
+            obs = StepObservation(ef_sq=glob[0], min_sq=glob[1], candidate_sq=glob[2],
+                                  step_time=glob[3], samples=float(self._world), grad_sq=glob[4],
+                                  accumulated_sq=glob[5] if at_boundary else None, finite=glob[6] == 0.0)
+            local = ctrl.observe(obs)
+            agreed = comm.broadcast_object(local, name="gravac.decision")
+            if agreed != local:
+                warnings.warn(f"horovod_gravac: rank {comm.rank()} decided {local} but rank 0 "
+                              f"decided {agreed}; following rank 0")
+            ctrl.adopt(agreed)
+            if at_boundary:
+                for b in self._buckets:
+                    if b.accumulated is not None:
+                        b.accumulated.zero_()
+            stats.update({"gain_min": getattr(ctrl, "gain_min", None),
+                          "gain_candidate": getattr(ctrl, "gain_candidate", None),
+                          "system_throughput": ctrl.last.get("system_throughput"),
+                          "compression_throughput": ctrl.last.get("compression_throughput"),
+                          "next_cf": agreed.send_cf})
+        else:
+            ctrl.observe(StepObservation(0.0, 0.0, 0.0, step_time))
+        self.stats = stats
+        self._step_index += 1
+        self._step_start = time.perf_counter()
+        self._reset_step_counters()
+
+    def reset_timer(self) -> None:
+        """Start timing the next step now. Call after pauses that are not training
+        (evaluation, checkpointing) so they do not count as iteration time."""
+        self._step_start = time.perf_counter()
+
+    @contextmanager
+    def skip_synchronize(self):
+        """``optimizer.synchronize(); with optimizer.skip_synchronize(): optimizer.step()``"""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize().")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none: bool = True):
+        if any(b.handle is not None for b in self._buckets):
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(). This is prohibited "
+                                 "as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+    # -- state -------------------------------------------------------------------------------
+    def gravac_state_dict(self) -> dict:
+        """Controller state and residuals (per parameter name, so bucketing may change)."""
+        residuals = {}
+        for b in self._buckets:
+            buf = self._memory.residuals.get(b.index)
+            if buf is not None:
+                for name, (s, e) in zip(b.names, b.offsets):
+                    residuals[name] = buf[s:e].clone()
+        return {"controller": self.controller.state_dict(), "residuals": residuals,
+                "step": self._step_index}
+
+    def load_gravac_state_dict(self, state: dict) -> None:
+        self.controller.load_state_dict(state["controller"])
+        self._step_index = int(state["step"])
+        for b in self._buckets:
+            if any(n in state["residuals"] for n in b.names):
+                buf = self._memory.buffer(b.index, b.numel, b.device)
+                for name, (s, e) in zip(b.names, b.offsets):
+                    if name in state["residuals"]:
+                        buf[s:e].copy_(state["residuals"][name])
+
+    def state_dict(self):
+        state = super(self.__class__, self).state_dict()
+        state["gravac"] = self.gravac_state_dict()
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        gravac = state_dict.pop("gravac", None)
+        super(self.__class__, self).load_state_dict(state_dict)
+        if gravac is not None:
+            self.load_gravac_state_dict(gravac)
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+
+    def residual_bytes(self) -> int:
+        return self._memory.nbytes()
+
+
+def _squared_norm(grads) -> float:
+    """Sum of squared L2 norms in float64 (NaN/Inf if any entry is)."""
+    if all(g.dtype in (torch.float32, torch.float64) for g in grads):
+        norms = torch._foreach_norm(grads)
+    else:   # fp16/bf16: norms in fp32 so large gradients do not overflow
+        norms = [g.float().norm() for g in grads]
+    return float(torch.stack([n.double() for n in norms]).pow(2).sum())
+
+
+def _short(x, limit=300):
+    s = repr(x)
+    return s if len(s) <= limit else s[:limit] + "..."
+
+
+def _named_parameters(param_groups, named_parameters):
+    if named_parameters is None:
+        return [(f"param.{i}.{j}", p) for i, g in enumerate(param_groups) for j, p in enumerate(g["params"])]
+    named = list(named_parameters)
+    if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
+                         "usually model.named_parameters()")
+    names = [n for n, _ in named]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise ValueError(f"parameter names in named_parameters must be unique; duplicates: {dups}")
+    named_ids = {id(p) for _, p in named}
+    missing = [p for g in param_groups for p in g["params"] if id(p) not in named_ids]
+    if missing:
+        raise ValueError(f"named_parameters was given but {len(missing)} optimizer parameter(s) are not named")
+    # Keep the optimizer's order (not the dict order of named_parameters).
+    order = {id(p): i for i, p in enumerate(p for g in param_groups for p in g["params"])}
+    return sorted(((n, p) for n, p in named if id(p) in order), key=lambda np_: order[id(np_[1])])
+
+
+def _compressor_factory(compressor) -> Callable[[float], SparseCompressor]:
+    """Accept a compressor class, an instance (its class and settings are reused per CF),
+    or a callable ``cf -> compressor``."""
+    if compressor is None:
+        compressor = TopKCompressor
+    if isinstance(compressor, SparseCompressor):
+        template = compressor
+
+        def from_instance(cf):   # same settings, its own state (e.g. a private generator)
+            comp = copy.deepcopy(template)
+            comp.cf = check_cf(cf)
+            return comp
+        return from_instance
+    if callable(compressor):
+        def factory(cf):
+            comp = compressor(cf=check_cf(cf))
+            if not hasattr(comp, "compress") or not hasattr(comp, "compress_further"):
+                raise ValueError(f"compressor factory returned {comp!r}, which is not a sparse compressor")
+            return comp
+        return factory
+    raise ValueError(f"compressor must be a compressor class, instance or factory, got {compressor!r}")
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compressor=None,
+                         controller: Optional[Controller] = None, backward_passes_per_step: int = 1,
+                         bucket_cap_mb: float = 25.0, check_consistency: bool = True):
+    """Wrap ``optimizer`` so gradients are averaged across Horovod ranks with adaptive
+    (GraVAC), static or no compression.
+
+    Args:
+        optimizer: any ``torch.optim.Optimizer``.
+        named_parameters: ``model.named_parameters()`` (names are used for checkpoints
+            and the start-up consistency check).
+        compressor: a compressor class such as ``TopKCompressor`` (default), an instance
+            whose settings are reused at every CF, or a callable ``cf -> compressor``.
+        controller: ``Dense()`` (default), ``StaticCF(cf)``, ``GraVAC(...)`` or ``Accordion(...)``.
+        backward_passes_per_step: local gradient accumulation steps, as in Horovod.
+        bucket_cap_mb: gradients are flattened into buckets of at most this size; each
+            bucket is compressed and communicated with one collective.
+        check_consistency: verify at start-up that all ranks agree on the model, the
+            compressor and the controller (one collective), failing on every rank if not.
+
+    After each step, ``optimizer.stats`` describes it (see docs/API_CONTRACT.md).
+    """
+    controller = Dense() if controller is None else controller
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_GravacDistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compressor, controller,
+               backward_passes_per_step, bucket_cap_mb, check_consistency)
