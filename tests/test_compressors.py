@@ -1,0 +1,137 @@
+"""Single-process tests of Top-k and Random-k (no Horovod collectives involved)."""
+import math
+
+import pytest
+import torch
+
+from horovod_gravac.compressors import RandomKCompressor, SparseCompressor, TopKCompressor, kept_count
+from horovod_gravac.compressors.randomk import stratified_indices
+from horovod_gravac.compressors.topk import topk_indices
+from horovod_gravac.error_feedback import ErrorFeedback
+
+
+def laplace(n, seed=0):
+    return torch.distributions.Laplace(0.0, 1.0).sample((n,)) if seed is None else \
+        torch.distributions.Laplace(0.0, 1.0).sample((n,))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("n,cf", [(1000, 10), (300_000, 10), (300_000, 100), (300_000, 1000), (70_000, 3)])
+def test_topk_selects_exactly_the_largest(n, cf):
+    t = laplace(n)
+    k = kept_count(n, cf)
+    got = set(topk_indices(t.abs(), k).tolist())
+    want = set(torch.topk(t.abs(), k).indices.tolist())
+    assert len(got) == k and got == want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("shape", [(7,), (3, 5, 4), (1,), (130, 257)])
+def test_round_trip_shape_dtype_and_kept_entries(dtype, shape):
+    t = torch.randn(shape).to(dtype)
+    comp = TopKCompressor(cf=4)
+    payload, ctx = comp.compress(t)
+    out = comp.decompress(payload, ctx)
+    assert out.shape == t.shape and out.dtype == t.dtype
+    k = kept_count(t.numel(), 4)
+    assert payload.values.numel() == k and payload.indices.dtype == torch.int32
+    kept = out.reshape(-1) != 0
+    assert int(kept.sum()) == k
+    assert torch.equal(out.reshape(-1)[kept], t.reshape(-1)[kept])   # exact values kept
+    dropped_max = t.reshape(-1)[~kept].float().abs().max() if k < t.numel() else torch.tensor(0.0)
+    assert t.reshape(-1)[kept].float().abs().min() >= dropped_max
+
+
+def test_at_least_one_entry_and_empty_tensor():
+    comp = TopKCompressor(cf=1000)
+    payload, ctx = comp.compress(torch.tensor([0.5, -3.0, 1.0]))
+    assert payload.indices.tolist() == [1] and payload.values.tolist() == [-3.0]
+    payload, ctx = comp.compress(torch.empty(0))
+    assert payload.values.numel() == 0 and comp.decompress(payload, ctx).shape == (0,)
+
+
+@pytest.mark.parametrize("bad", [0.5, 0, -3, float("nan"), float("inf"), "10", None, True])
+def test_bad_cf_is_a_value_error_naming_cf(bad):
+    for cls in (TopKCompressor, RandomKCompressor):
+        with pytest.raises(ValueError, match="cf"):
+            cls(cf=bad)
+
+
+def test_non_float_tensor_is_rejected():
+    with pytest.raises(ValueError, match="floating-point"):
+        TopKCompressor(cf=10).compress(torch.arange(10))
+
+
+def test_compressors_are_horovod_compressors():
+    from horovod.torch.compression import Compressor
+    assert issubclass(TopKCompressor, Compressor) and issubclass(RandomKCompressor, Compressor)
+
+
+@pytest.mark.parametrize("n,a,b", [(200_000, 10, 100), (200_000, 10, 10), (5000, 3, 7)])
+def test_topk_multilevel_equals_direct(n, a, b):
+    t = laplace(n)
+    comp = TopKCompressor(cf=a)
+    payload, ctx = comp.compress(t)
+    two_level = comp.compress_further(payload, ctx, b)
+    direct, _ = TopKCompressor(cf=a * b).compress(t)
+    assert set(two_level.indices.tolist()) == set(direct.indices.tolist())
+    assert torch.equal(comp.decompress(two_level, ctx), TopKCompressor(cf=a * b).decompress(direct, ctx))
+
+
+def test_stratified_indices_unique_sorted_and_reach_the_end():
+    g = torch.Generator().manual_seed(0)
+    hits_last = 0
+    for _ in range(400):
+        idx = stratified_indices(1003, 10, g)
+        assert idx.numel() == 10 and torch.unique(idx).numel() == 10
+        assert bool((idx[1:] > idx[:-1]).all()) and idx.min() >= 0 and idx.max() <= 1002
+        hits_last += int(idx[-1] == 1002)
+    assert hits_last > 0, "the last element can never be chosen"
+
+
+def test_randomk_is_uniform():
+    comp = RandomKCompressor(cf=10, seed=None)
+    counts = torch.zeros(100)
+    for step in range(3000):
+        payload, _ = comp.compress(torch.randn(100))
+        counts[payload.indices.long()] += 1
+    expected = 3000 * 10 / 100
+    assert float((counts - expected).abs().max()) < 6 * math.sqrt(expected)
+
+
+def test_randomk_shared_seed_agrees_per_step_and_leaves_global_rng_alone():
+    a, b = RandomKCompressor(cf=50, seed=3), RandomKCompressor(cf=50, seed=3)
+    t = torch.randn(10_000)
+    state = torch.random.get_rng_state()
+    a.set_step(5, 1); b.set_step(5, 1)
+    pa, _ = a.compress(t); pb, _ = b.compress(t)
+    assert torch.equal(pa.indices, pb.indices) and a.shared_indices
+    a.set_step(6, 1)
+    pc, _ = a.compress(t)
+    assert not torch.equal(pa.indices, pc.indices)
+    assert torch.equal(state, torch.random.get_rng_state())
+
+
+def test_wire_bytes():
+    payload, _ = TopKCompressor(cf=100).compress(torch.randn(10_000))
+    assert SparseCompressor.wire_bytes(payload) == 8 * 100
+    assert SparseCompressor.wire_bytes(payload, shared_indices=True) == 4 * 100
+
+
+@pytest.mark.parametrize("comp", [TopKCompressor(cf=20), RandomKCompressor(cf=20, seed=None)])
+def test_error_feedback_invariant(comp):
+    """sent + new residual == gradient + old residual, every step."""
+    memory = ErrorFeedback()
+    n = 5000
+    for step in range(10):
+        grad = torch.randn(n)
+        old = memory.buffer(0, n, "cpu").clone()
+        g_ef = memory.add(0, [grad], [(0, n)], n, "cpu")
+        payload, ctx = comp.compress(g_ef)
+        sent = comp.decompress(payload, ctx)
+        memory.sent_sparse(0, payload.indices)
+        torch.testing.assert_close(sent + memory.residuals[0], grad + old, rtol=0, atol=1e-6)

@@ -1,0 +1,147 @@
+"""The controllers alone, without Horovod: scripted gains and timings."""
+import math
+
+import pytest
+
+from horovod_gravac import Accordion, Dense, GraVAC, StaticCF
+from horovod_gravac.controllers import DENSE, StepObservation
+from horovod_gravac.policy import Exponential, Geometric
+
+
+def drive(ctrl, steps, gain, throughput):
+    """Run ``steps`` steps; ``gain(cf)`` is the true gain of a CF, ``throughput(cf)`` the
+    system throughput when sending at CF (samples/s).  Returns the CFs sent per step."""
+    sent = []
+    for _ in range(steps):
+        d = ctrl.decision
+        sent.append(d.send_cf)
+        obs = StepObservation(ef_sq=1.0, min_sq=gain(d.theta_min), candidate_sq=gain(d.candidate_cf),
+                              step_time=1.0 / throughput(d.send_cf), samples=1.0)
+        ctrl.observe(obs)
+    return sent
+
+
+def candidates_per_window(ctrl):
+    return [h["evaluated_cf"] for h in ctrl.history]
+
+
+def test_policy_ladders_match_the_paper():
+    assert Exponential().ladder(10, 1000) == [10, 20, 40, 160, 1000]
+    assert Geometric().ladder(10, 2000) == [10, 20, 40, 80, 160, 320, 640, 1280, 2000]
+    assert Geometric().ladder(1.5, 1000)[-1] == 1000 and Geometric().ladder(1.5, 1000)[1] == 3.0
+
+
+def test_exponential_walks_10_20_40_160_1000():
+    gains = {10: 0.99, 20: 0.95, 40: 0.9, 160: 0.8, 1000: 0.75}
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, omega=0.01, window=20,
+                  policy="exponential", ewma_alpha=1.0)
+    sent = drive(ctrl, 120, lambda cf: gains.get(cf, 1.0), lambda cf: 100 * math.sqrt(cf))
+    assert candidates_per_window(ctrl)[:5] == [10, 20, 40, 160, 1000]
+    assert ctrl.theta_min == 10                       # gains never within omega
+    assert sent[0] == DENSE                           # nothing measured before step 1
+    assert 1000 in sent and sent[-1] == 1000          # the candidate is sent once its gain >= eps
+    assert ctrl.candidate_cf == 1000
+
+
+def test_geometric_stops_at_1280_when_2000_is_within_omega():
+    """Paper section IV-B2: T_compress 1029.9 (1280x) vs 1035.4 (2000x) -> stay at 1280x."""
+    def t_compress(cf):
+        return {1280: 1029.9, 2000: 1035.4}.get(cf, 1029.9 * (cf / 1280) ** 0.3)
+    g_c, g_min = 0.9, 0.99
+    gain = lambda cf: g_min if cf == 10 else g_c
+    ctrl = GraVAC(theta_min=10, theta_max=2000, epsilon=0.7, omega=0.01, window=10,
+                  policy="geometric", ewma_alpha=1.0)
+    sent = drive(ctrl, 140, gain, lambda cf: t_compress(cf) / (1.0 if cf == 1 else gain(cf)))
+    seq = candidates_per_window(ctrl)
+    assert seq[:9] == [10, 20, 40, 80, 160, 320, 640, 1280, 2000]
+    assert ctrl.history[8]["saturated_at"] == 1280
+    assert all(c == 1280 for c in seq[9:]) and ctrl.candidate_cf == 1280
+    assert ctrl.throughput.compression[2000] == pytest.approx(1035.4)
+    assert sent[-1] == 1280
+
+
+def test_scale_down_to_theta_min_then_dense_and_back():
+    state = {"g_c": 0.95, "g_min": 0.98}
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=5, ewma_alpha=1.0)
+    gain = lambda cf: state["g_min"] if cf == ctrl.theta_min else state["g_c"]
+    drive(ctrl, 11, gain, lambda cf: 100.0 * cf)   # window checks at 5 and 10, none at 12-14
+    assert ctrl.decision.send_cf == ctrl.candidate_cf > 10
+    state["g_c"] = 0.5                                   # candidate loses too much
+    drive(ctrl, 1, gain, lambda cf: 100.0)
+    assert ctrl.decision.send_cf == 10 and ctrl.decision.level == "min"
+    state["g_min"] = 0.6                                 # theta_min too
+    drive(ctrl, 1, gain, lambda cf: 100.0)
+    assert ctrl.decision.send_cf == DENSE and ctrl.decision.level == "dense"
+    state.update(g_c=0.9, g_min=0.95)
+    drive(ctrl, 1, gain, lambda cf: 100.0)
+    assert ctrl.decision.send_cf == ctrl.candidate_cf
+
+
+def test_theta_min_scales_up_when_gains_are_within_omega():
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, omega=0.01, window=10,
+                  policy="geometric", ewma_alpha=1.0)
+    drive(ctrl, 20, lambda cf: 0.995 if cf > 10 else 0.996, lambda cf: 100.0 * cf ** 0.5)
+    # window 1 evaluated 10 (== theta_min), window 2 evaluated 20 with gain within 1 %
+    assert ctrl.history[1]["evaluated_cf"] == 20 and ctrl.theta_min == 20
+    assert ctrl.candidate_cf == 40
+
+
+def test_ewma_defaults_to_paper_factor_and_is_defined_from_first_step():
+    ctrl = GraVAC(theta_min=10, theta_max=100, window=100)
+    ctrl.set_world_size(4)
+    assert ctrl._gain_min.alpha == pytest.approx(0.04)
+    ctrl.observe(StepObservation(ef_sq=4.0, min_sq=3.0, candidate_sq=2.0, step_time=0.1))
+    assert ctrl.gain_min == pytest.approx(0.75) and ctrl.gain_candidate == pytest.approx(0.5)
+    ctrl.observe(StepObservation(ef_sq=4.0, min_sq=4.0, candidate_sq=2.0, step_time=0.1))
+    assert ctrl.gain_min == pytest.approx(0.75 + 0.04 * 0.25)
+
+
+def test_non_finite_observation_does_not_touch_gains():
+    ctrl = GraVAC(theta_min=10, theta_max=100, window=100, ewma_alpha=0.5)
+    ctrl.observe(StepObservation(1.0, 0.9, 0.8, 0.1))
+    ctrl.observe(StepObservation(float("nan"), float("nan"), 0.8, 0.1, finite=False))
+    assert ctrl.gain_min == pytest.approx(0.9)
+
+
+def test_state_dict_round_trip_continues_identically():
+    gain = lambda cf: 0.99 - cf / 5000
+    a = GraVAC(theta_min=10, theta_max=1000, window=7, ewma_alpha=0.3)
+    drive(a, 30, gain, lambda cf: 50 * cf ** 0.5)
+    b = GraVAC(theta_min=10, theta_max=1000, window=7, ewma_alpha=0.3)
+    b.load_state_dict(a.state_dict())
+    assert drive(a, 40, gain, lambda cf: 50 * cf ** 0.5) == drive(b, 40, gain, lambda cf: 50 * cf ** 0.5)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(theta_min=0.5), "theta_min"), (dict(theta_min=float("nan")), "theta_min"),
+    (dict(theta_min=100, theta_max=10), "theta_max"), (dict(epsilon=0.0), "epsilon"),
+    (dict(epsilon=1.5), "epsilon"), (dict(epsilon=float("nan")), "epsilon"),
+    (dict(omega=-0.1), "omega"), (dict(window=0), "window"), (dict(window=2.5), "window"),
+    (dict(policy="linear"), "policy"), (dict(ewma_alpha=0.0), "ewma_alpha"),
+])
+def test_gravac_validation_names_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        GraVAC(**kwargs)
+
+
+def test_static_and_dense_decisions():
+    assert Dense().decision.send_cf == DENSE
+    d = StaticCF(100).decision
+    assert (d.send_cf, d.theta_min, d.candidate_cf, d.level) == (100, 100, 100, "min")
+    with pytest.raises(ValueError, match="cf"):
+        StaticCF(0.3)
+
+
+def test_accordion_switches_low_in_critical_regimes_and_high_otherwise():
+    ctrl = Accordion(low_cf=4, high_cf=64, threshold=0.5, interval=2)
+    norms = [10.0, 10.0, 4.0, 4.0]   # one accumulated-gradient norm per interval
+    cfs = []
+    for norm in norms:
+        for i in range(2):
+            at_boundary = (ctrl.step + 1) % 2 == 0
+            ctrl.observe(StepObservation(1, 1, 1, 0.1, accumulated_sq=norm ** 2 if at_boundary else None))
+        cfs.append(ctrl.decision.send_cf)
+    # first interval critical (no history), then steady, then a 60 % drop, then steady
+    assert cfs == [4, 64, 4, 64]
+    with pytest.raises(ValueError, match="high_cf"):
+        Accordion(low_cf=100, high_cf=10)
