@@ -11,8 +11,9 @@ setup(
     # Horovod must be built against the installed torch; scripts/setup.sh does that.
     install_requires=["torch>=2.0", "numpy", "horovod>=0.28"],
     extras_require={
-        # hypothesis: property tests of compress/decompress and error feedback.
-        "test": ["pytest>=7", "hypothesis"],
+        # hypothesis: property tests of compress/decompress and error feedback;
+        # pytest-timeout: a last guard so no test can hang CI.
+        "test": ["pytest>=7", "pytest-timeout", "hypothesis"],
         # matplotlib: the report's PNG plots; scikit-learn: ships the digits data set
         # used by the embedded default run (nothing can be downloaded at run time).
         "report": ["matplotlib", "scikit-learn"],
