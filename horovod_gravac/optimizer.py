@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import time
+import zlib
 import warnings
 from contextlib import contextmanager
 from typing import Callable, Dict, List, Optional, Tuple
@@ -36,6 +37,7 @@ import torch
 
 from . import comm
 from .compressors.base import FLOAT_DTYPES, SparseCompressor, check_cf
+from .compressors.powersgd import orthonormalize
 from .compressors.topk import TopKCompressor
 from .controllers import DENSE, Controller, Decision, Dense, StepObservation
 from .error_feedback import ErrorFeedback
@@ -62,6 +64,7 @@ class _Bucket:
         self.handle = None
         self.kind = None        # "dense" | "sparse" | "shared"
         self.payload = None     # the SparsePayload sent (shared-index path)
+        self.lowrank = None     # PowerSGD state between its two collectives
 
 
 def _make_buckets(named: List[Tuple[str, torch.nn.Parameter]], cap_bytes: int) -> List[_Bucket]:
@@ -106,6 +109,11 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._delay = {p: backward_passes_per_step for _, p in trainable}
         self._memory = ErrorFeedback()
+        self._lowrank_q: Dict[tuple, torch.Tensor] = {}   # PowerSGD warm start per (param, rank)
+        if getattr(self._compressor_factory(10.0), "low_rank", False) and controller.needs_consensus \
+                and not controller.needs_accumulation:
+            raise ValueError("controller GraVAC needs a sparsifying compressor (multi-level "
+                             "compression); use PowerSGD with Dense, StaticCF or Accordion")
         self._world = comm.size()
         if hasattr(controller, "set_world_size"):
             controller.set_world_size(self._world)
@@ -198,18 +206,25 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     def _compress_and_start(self, bucket, g_ef, decision: Decision, update_residual: bool) -> None:
         name = f"gravac.bucket.{bucket.index}"
-        if decision.theta_min == DENSE:   # nothing to compress or measure: plain allreduce
+        if decision.candidate_cf == DENSE:   # nothing to compress or measure: plain allreduce
             self._start_dense(bucket, g_ef, name)
             return
-        comp_min = self._compressor(decision.theta_min)
+        # theta_min == 1 keeps everything: the candidate then comes from g_ef directly.
+        comp_min = self._compressor(decision.theta_min if decision.theta_min > DENSE else decision.candidate_cf)
+        if getattr(comp_min, "low_rank", False):
+            self._start_lowrank(bucket, g_ef, comp_min, name, update_residual)
+            return
         self._set_step(comp_min, bucket)
         payload_min, ctx = comp_min.compress(g_ef)
         payload_c = payload_min
-        if decision.candidate_cf > decision.theta_min:   # multi-level: from g_min, not g_ef
+        if decision.theta_min == DENSE:
+            payload_min = None
+        elif decision.candidate_cf > decision.theta_min:   # multi-level: from g_min, not g_ef
             payload_c = comp_min.compress_further(payload_min, ctx, decision.candidate_cf / decision.theta_min)
         if self.controller.needs_consensus and update_residual:
-            self._norms += torch.stack([g_ef.dot(g_ef), payload_min.values.dot(payload_min.values),
-                                        payload_c.values.dot(payload_c.values)]).double().cpu()
+            ef_sq = g_ef.dot(g_ef)
+            min_sq = ef_sq if payload_min is None else payload_min.values.dot(payload_min.values)
+            self._norms += torch.stack([ef_sq, min_sq, payload_c.values.dot(payload_c.values)]).double().cpu()
         quality = getattr(comp_min, "last_quality", None)
         if quality is not None:
             self._quality.append(float(quality))
@@ -230,6 +245,74 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         bucket.handle = comm.allreduce_mean_async(flat, name)
         self._bytes_sent += flat.numel() * 4
         self._floats_sent += flat.numel()
+
+    def _start_lowrank(self, bucket, g_ef, comp, name, update_residual):
+        """PowerSGD phase 1: P = M Q for every matrix (vectors travel as they are),
+        all in one allreduce.  Phase 2 (Q) runs in ``synchronize``."""
+        parts, plan = [], []
+        for pname, p, (s, e) in zip(bucket.names, bucket.params, bucket.offsets):
+            if comp.compressible(p):
+                n, m = p.shape[0], p.numel() // p.shape[0]
+                r = comp.rank_for(n, m)
+                key = (pname, r)
+                q = self._lowrank_q.get(key)
+                if q is None:
+                    q = comp.initial_q(m, r, zlib.crc32(pname.encode()), g_ef.device)
+                parts.append((g_ef[s:e].view(n, m) @ q).reshape(-1))
+                plan.append((s, e, n, m, r, key))
+            else:
+                parts.append(g_ef[s:e])
+                plan.append((s, e, None, None, None, None))
+        buf = torch.cat(parts)
+        bucket.kind = "lowrank"
+        bucket.lowrank = {"plan": plan, "g_ef": g_ef, "update_residual": update_residual, "name": name}
+        bucket.handle = comm.allreduce_mean_async(buf, name + ".P")
+        self._bytes_sent += 4 * buf.numel()
+        self._floats_sent += buf.numel()
+
+    def _lowrank_phase2(self, bucket):
+        """Orthonormalize the averaged P, Q = M^T P, and start the Q allreduce."""
+        out = comm.wait(bucket.handle)
+        state = bucket.lowrank
+        aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
+        q_parts, ps, ofs = [], [], 0
+        for s, e, n, m, r, key in state["plan"]:
+            if n is None:
+                aggregated[s:e] = out[ofs:ofs + e - s]
+                ofs += e - s
+                ps.append(None)
+                continue
+            p = orthonormalize(out[ofs:ofs + n * r].view(n, r))
+            ofs += n * r
+            q_parts.append((state["g_ef"][s:e].view(n, m).t() @ p).reshape(-1))
+            ps.append(p)
+        state["aggregated"], state["p"] = aggregated, ps
+        if q_parts:
+            qbuf = torch.cat(q_parts)
+            self._bytes_sent += 4 * qbuf.numel()
+            self._floats_sent += qbuf.numel()
+            bucket.handle = comm.allreduce_mean_async(qbuf, state["name"] + ".Q")
+        else:
+            bucket.handle = None
+
+    def _lowrank_finish(self, bucket) -> torch.Tensor:
+        state = bucket.lowrank
+        q_all = comm.wait(bucket.handle) if bucket.handle is not None else None
+        aggregated, g_ef, ofs = state["aggregated"], state["g_ef"], 0
+        for (s, e, n, m, r, key), p in zip(state["plan"], state["p"]):
+            if n is None:
+                if state["update_residual"]:
+                    g_ef[s:e].zero_()           # sent exactly
+                continue
+            q = q_all[ofs:ofs + m * r].view(m, r)
+            ofs += m * r
+            approx = (p @ q.t()).reshape(-1)
+            aggregated[s:e] = approx
+            if state["update_residual"]:
+                g_ef[s:e].sub_(approx)          # error feedback: what the rank-r sum missed
+                self._lowrank_q[key] = q.clone()   # warm start (identical on every rank)
+        bucket.lowrank = None
+        return aggregated
 
     def _start_sparse(self, bucket, payload, shared_indices, name):
         k = payload.values.numel()
@@ -254,14 +337,21 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 self._launch(bucket)
         t_comm = time.perf_counter()
         for bucket in self._buckets:
-            out = comm.wait(bucket.handle)
-            if bucket.kind == "sparse":
+            if bucket.kind == "lowrank":
+                self._lowrank_phase2(bucket)
+        for bucket in self._buckets:
+            if bucket.kind == "lowrank":
+                aggregated = self._lowrank_finish(bucket)
+            elif bucket.kind == "sparse":
+                out = comm.wait(bucket.handle)
+
                 aggregated = comm.unpack_sum(out, bucket.numel).div_(self._world)
             elif bucket.kind == "shared":
+                out = comm.wait(bucket.handle)
                 aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
                 aggregated.index_copy_(0, bucket.payload.indices.long(), out)
             else:
-                aggregated = out
+                aggregated = comm.wait(bucket.handle)
             for p, (s, e) in zip(bucket.params, bucket.offsets):
                 p.grad.copy_(aggregated[s:e].view_as(p.grad))
             if bucket.kind == "dense" and bucket.launched_finite and bucket.index in self._memory.residuals:
@@ -361,11 +451,14 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 for name, (s, e) in zip(b.names, b.offsets):
                     residuals[name] = buf[s:e].clone()
         return {"controller": self.controller.state_dict(), "residuals": residuals,
-                "step": self._step_index}
+                "step": self._step_index,
+                "lowrank_q": {f"{n}|{r}": q.clone() for (n, r), q in self._lowrank_q.items()}}
 
     def load_gravac_state_dict(self, state: dict) -> None:
         self.controller.load_state_dict(state["controller"])
         self._step_index = int(state["step"])
+        self._lowrank_q = {(k.rsplit("|", 1)[0], int(k.rsplit("|", 1)[1])): q.clone()
+                           for k, q in state.get("lowrank_q", {}).items()}
         for b in self._buckets:
             if any(n in state["residuals"] for n in b.names):
                 buf = self._memory.buffer(b.index, b.numel, b.device)
@@ -430,7 +523,7 @@ def _compressor_factory(compressor) -> Callable[[float], SparseCompressor]:
     or a callable ``cf -> compressor``."""
     if compressor is None:
         compressor = TopKCompressor
-    if isinstance(compressor, SparseCompressor):
+    if not isinstance(compressor, type) and hasattr(compressor, "compress"):
         template = compressor
 
         def from_instance(cf):   # same settings, its own state (e.g. a private generator)

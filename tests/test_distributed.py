@@ -13,7 +13,8 @@ CHECKS = Path(__file__).parent / "dist" / "optimizer_checks.py"
 EXPECTED = ["dense_matches_horovod", "static_cf1_is_dense", "sparse_aggregate_by_hand",
             "identical_after_training", "uneven_k", "randomk_shared_sends_no_indices",
             "gravac_changes_cf_without_hang", "mismatched_config_fails_everywhere",
-            "nan_gradient_keeps_ranks_identical", "backward_passes_per_step"]
+            "nan_gradient_keeps_ranks_identical", "backward_passes_per_step",
+            "powersgd_full_rank_equals_dense_and_accordion_switches"]
 
 
 @pytest.mark.parametrize("np_", [2, 3])

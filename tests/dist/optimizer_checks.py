@@ -237,6 +237,30 @@ def check_backward_passes_per_step():
     release(ours)
 
 
+def check_powersgd_full_rank_equals_dense_and_accordion_switches():
+    from horovod_gravac.compressors import PowerSGDCompressor
+    a, b = make_model(), make_model()
+    oa = hg_opt(a, controller=hg.Dense())
+    ob = hg_opt(b, controller=hg.StaticCF(2), compressor=PowerSGDCompressor(cf=2, rank=64))
+    train(a, oa, 3)
+    train(b, ob, 3)
+    diff = (flat_params(a) - flat_params(b)).abs().max().item()
+    assert diff <= 1e-4, f"full-rank PowerSGD differs from dense by {diff}"
+    release(oa); release(ob)
+    # Accordion with rank 4 in critical regimes and rank 1 otherwise (paper Table 4)
+    model = make_model()
+    ctrl = hg.Accordion(low_cf=2, high_cf=8, threshold=0.5, interval=3)
+    opt = hg_opt(model, controller=ctrl,
+                 compressor=lambda cf: PowerSGDCompressor(cf=cf, rank=4 if cf == 2 else 1))
+    sent = []
+    train(model, opt, 15, hook=lambda s, o: sent.append(o.stats["bytes_sent"]))
+    assert_identical_across_ranks(model, "accordion-powersgd")
+    assert len(ctrl.history) == 5 and opt.stats["level"] != "dense"
+    n_dense = sum(p.numel() for p in model.parameters())
+    assert max(sent) < 4 * n_dense, "PowerSGD sent as much as dense"
+    release(opt)
+
+
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
 
 if __name__ == "__main__":

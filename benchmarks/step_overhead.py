@@ -1,0 +1,101 @@
+"""GraVAC step cost against a static-CF step at the same CF, side by side in one run.
+
+Run under horovodrun (no bandwidth limit: loopback), e.g.
+    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/step_overhead.py
+
+Configurations are interleaved round-robin (several rounds) so machine noise hits all
+of them alike; the table reports the median step time of each and the ratio to its
+static twin.  GraVAC is measured in two states:
+  settled    - theta_min == candidate == CF (what a converged GraVAC run does), so the
+               extra cost is the consensus exchange (one 7-scalar allreduce + a broadcast);
+  exploring  - theta_min = CF/10, candidate = CF (multi-level: compress at CF/10, then
+               further), sending the candidate: the cost while it is still searching.
+Target (issue 4): GraVAC <= 1.15x static at the same CF.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+
+import horovod.torch as hvd
+import horovod_gravac as hg
+from horovod_gravac.controllers import Decision
+
+
+def make_model(width):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(256, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                               torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
+                               torch.nn.Linear(width, 10))
+
+
+class PinnedGraVAC(hg.GraVAC):
+    """GraVAC doing all its per-step work (both levels, gains, consensus) but pinned to
+    one decision, so the comparison is at exactly the same CF."""
+
+    def __init__(self, theta_min, candidate):
+        super().__init__(theta_min=theta_min, theta_max=max(candidate, theta_min), epsilon=0.01,
+                         window=10 ** 9)
+        self.pinned = Decision(candidate, theta_min, candidate)
+        self.adopt(self.pinned)
+
+    def observe(self, obs):
+        super().observe(obs)
+        self.decision = self.pinned
+        return self.decision
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--width", type=int, default=1024, help="hidden width (params ~ 2*width^2)")
+    ap.add_argument("--cfs", type=float, nargs="+", default=[10, 100, 1000])
+    ap.add_argument("--steps", type=int, default=15, help="timed steps per round")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--compressor", default="topk", choices=["topk", "randomk"])
+    args = ap.parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    comp = hg.TopKCompressor if args.compressor == "topk" else hg.RandomKCompressor
+    configs = []
+    for cf in args.cfs:
+        configs.append((cf, "static", lambda cf=cf: hg.StaticCF(cf)))
+        configs.append((cf, "gravac-settled", lambda cf=cf: PinnedGraVAC(cf, cf)))
+        if cf / 10 >= 1:
+            configs.append((cf, "gravac-exploring", lambda cf=cf: PinnedGraVAC(cf / 10, cf)))
+    runners = []
+    for cf, name, make in configs:
+        model = make_model(args.width)
+        opt = hg.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                      named_parameters=model.named_parameters(), compressor=comp,
+                                      controller=make())
+        runners.append((cf, name, model, opt, []))
+    g = torch.Generator().manual_seed(hvd.rank())
+    x, y = torch.randn(64, 256, generator=g), torch.randint(0, 10, (64,), generator=g)
+    for rnd in range(args.rounds + 1):          # round 0 is warm-up
+        for cf, name, model, opt, times in runners:
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                if rnd:
+                    times.append(time.perf_counter() - t0)
+    nparams = sum(p.numel() for p in runners[0][2].parameters())
+    if hvd.rank() == 0:
+        print(f"# {hvd.size()} ranks, {nparams / 1e6:.2f}M parameters, {args.compressor}, "
+              f"median of {args.rounds}x{args.steps} interleaved steps")
+        print(f"{'CF':>6} {'mode':<17} {'step ms':>8} {'vs static':>9} {'target':>7}")
+        static = {}
+        for cf, name, _, _, times in runners:
+            med = statistics.median(times) * 1e3
+            if name == "static":
+                static[cf] = med
+                print(f"{cf:>6g} {name:<17} {med:>8.2f} {'1.00x':>9}")
+            else:
+                ratio = med / static[cf]
+                print(f"{cf:>6g} {name:<17} {med:>8.2f} {ratio:>8.2f}x {'PASS' if ratio <= 1.15 else 'FAIL':>7}")
+
+
+if __name__ == "__main__":
+    main()
