@@ -10,6 +10,12 @@ place), so error feedback costs exactly one copy of the parameters:
     memory.sent_dense(key)                # residual <- 0
 
 Invariant (tested): sent + new residual == gradient + old residual.
+
+DGC's momentum correction (Lin et al., ICLR 2018), off unless ``momentum`` is set:
+a velocity ``u = m*u + g`` per bucket is accumulated into the residual instead of
+``g`` (``v = v + u``), and both ``u`` and ``v`` are cleared where entries were sent
+(momentum factor masking).  Use it with a momentum-free optimizer: the correction
+*is* the momentum.
 """
 from __future__ import annotations
 
@@ -19,8 +25,12 @@ import torch
 
 
 class ErrorFeedback:
-    def __init__(self):
+    def __init__(self, momentum: Optional[float] = None):
+        if momentum is not None and not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
+            raise ValueError(f"momentum_correction must be in [0, 1) or None, got {momentum!r}")
+        self.momentum = momentum
         self.residuals: Dict[int, torch.Tensor] = {}
+        self.velocities: Dict[int, torch.Tensor] = {}
 
     def buffer(self, key: int, numel: int, device) -> torch.Tensor:
         buf = self.residuals.get(key)
@@ -32,25 +42,39 @@ class ErrorFeedback:
     def add(self, key: int, grads: Iterable[Optional[torch.Tensor]], offsets, numel: int, device) -> torch.Tensor:
         """residual += concatenated gradients (missing gradients count as zero)."""
         buf = self.buffer(key, numel, device)
+        if self.momentum is None:
+            for g, (start, end) in zip(grads, offsets):
+                if g is not None:
+                    buf[start:end].add_(g.reshape(-1))
+            return buf
+        u = self.velocities.get(key)
+        if u is None or u.numel() != numel:
+            u = self.velocities[key] = torch.zeros(numel, dtype=torch.float32, device=device)
+        u.mul_(self.momentum)
         for g, (start, end) in zip(grads, offsets):
             if g is not None:
-                buf[start:end].add_(g.reshape(-1))
-        return buf
+                u[start:end].add_(g.reshape(-1))
+        return buf.add_(u)
 
     def sent_sparse(self, key: int, indices: torch.Tensor) -> None:
         """The entries at ``indices`` were sent with their exact values."""
         self.residuals[key].index_fill_(0, indices.long(), 0.0)
+        if key in self.velocities:
+            self.velocities[key].index_fill_(0, indices.long(), 0.0)
 
     def sent_dense(self, key: int) -> None:
         self.residuals[key].zero_()
+        if key in self.velocities:
+            self.velocities[key].zero_()
 
     def sent_approximation(self, key: int, approximation: torch.Tensor) -> None:
         """A lossy (e.g. low-rank) version was sent: keep what it missed."""
         self.residuals[key].sub_(approximation.reshape(-1))
 
     def reset(self) -> None:
-        for buf in self.residuals.values():
+        for buf in list(self.residuals.values()) + list(self.velocities.values()):
             buf.zero_()
 
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.residuals.values())
+        return sum(b.numel() * b.element_size()
+                   for b in list(self.residuals.values()) + list(self.velocities.values()))

@@ -84,7 +84,8 @@ def _make_buckets(named: List[Tuple[str, torch.nn.Parameter]], cap_bytes: int) -
 class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compressor, controller: Controller,
                  backward_passes_per_step: int = 1, bucket_cap_mb: float = 25.0,
-                 check_consistency: bool = True):
+                 check_consistency: bool = True, momentum_correction: Optional[float] = None,
+                 local_clip_norm: Optional[float] = None):
         super(self.__class__, self).__init__(params)
         if not isinstance(controller, Controller):
             raise ValueError(f"controller must be a horovod_gravac controller "
@@ -108,7 +109,11 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._buckets = _make_buckets(trainable, int(bucket_cap_mb * 2 ** 20))
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._delay = {p: backward_passes_per_step for _, p in trainable}
-        self._memory = ErrorFeedback()
+        self._memory = ErrorFeedback(momentum_correction)
+        if local_clip_norm is not None and not (isinstance(local_clip_norm, (int, float))
+                                                and local_clip_norm > 0):
+            raise ValueError(f"local_clip_norm must be > 0 or None, got {local_clip_norm!r}")
+        self.local_clip_norm = local_clip_norm
         self._lowrank_q: Dict[tuple, torch.Tensor] = {}   # PowerSGD warm start per (param, rank)
         if getattr(self._compressor_factory(10.0), "low_rank", False) and controller.needs_consensus \
                 and not controller.needs_accumulation:
@@ -132,6 +137,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def _check_consistency(self, trainable):
         """Fail on every rank, with the difference named, if ranks disagree on set-up."""
         mine = {"controller": self.controller.config(),
+                "momentum_correction": self._memory.momentum, "local_clip_norm": self.local_clip_norm,
                 "compressor": repr(self._compressor_factory(10.0)),
                 "backward_passes_per_step": self.backward_passes_per_step,
                 "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in trainable]}
@@ -188,6 +194,15 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         grads = [p.grad for p in bucket.params]
         grad_sq = _squared_norm(grads)   # one host sync per bucket; doubles as the NaN/Inf check
         finite = grad_sq == grad_sq and grad_sq != float("inf")
+        if finite and self.local_clip_norm is not None:
+            # DGC's local clipping: each rank clips to clip_norm / sqrt(N), per bucket
+            # (the whole-model norm is not known while buckets are still arriving).
+            limit = self.local_clip_norm / self._world ** 0.5
+            if grad_sq > limit * limit:
+                scale = limit / grad_sq ** 0.5
+                for g in grads:
+                    g.mul_(scale)
+                grad_sq = limit * limit
         if finite:
             self._grad_sq += grad_sq
             if self.controller.needs_accumulation:
@@ -543,7 +558,9 @@ def _compressor_factory(compressor) -> Callable[[float], SparseCompressor]:
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compressor=None,
                          controller: Optional[Controller] = None, backward_passes_per_step: int = 1,
-                         bucket_cap_mb: float = 25.0, check_consistency: bool = True):
+                         bucket_cap_mb: float = 25.0, check_consistency: bool = True,
+                         momentum_correction: Optional[float] = None,
+                         local_clip_norm: Optional[float] = None):
     """Wrap ``optimizer`` so gradients are averaged across Horovod ranks with adaptive
     (GraVAC), static or no compression.
 
@@ -559,6 +576,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             bucket is compressed and communicated with one collective.
         check_consistency: verify at start-up that all ranks agree on the model, the
             compressor and the controller (one collective), failing on every rank if not.
+        momentum_correction: DGC's momentum correction with this momentum (e.g. 0.9):
+            velocity is accumulated into the residual and masked where sent. Wrap a
+            momentum-free optimizer when using it. Off by default.
+        local_clip_norm: DGC's local gradient clipping: each rank clips each bucket's
+            gradient norm to ``local_clip_norm / sqrt(N)`` before error feedback. Off by default.
 
     After each step, ``optimizer.stats`` describes it (see docs/API_CONTRACT.md).
     """
@@ -566,4 +588,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_GravacDistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compressor, controller,
-               backward_passes_per_step, bucket_cap_mb, check_consistency)
+               backward_passes_per_step, bucket_cap_mb, check_consistency,
+               momentum_correction, local_clip_norm)

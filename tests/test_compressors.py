@@ -135,3 +135,18 @@ def test_error_feedback_invariant(comp):
         sent = comp.decompress(payload, ctx)
         memory.sent_sparse(0, payload.indices)
         torch.testing.assert_close(sent + memory.residuals[0], grad + old, rtol=0, atol=1e-6)
+
+
+def test_dgc_momentum_correction_and_masking():
+    memory = ErrorFeedback(momentum=0.5)
+    g1, g2 = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 1.0, 1.0, 1.0])
+    v = memory.add(0, [g1], [(0, 4)], 4, "cpu")
+    assert v.tolist() == [1, 2, 3, 4]
+    memory.sent_sparse(0, torch.tensor([3], dtype=torch.int32))     # sent the largest
+    assert memory.residuals[0].tolist() == [1, 2, 3, 0] and memory.velocities[0].tolist() == [1, 2, 3, 0]
+    v = memory.add(0, [g2], [(0, 4)], 4, "cpu")
+    # u = 0.5 * u + g2 = [1.5, 2, 2.5, 1];  v = v + u
+    assert memory.velocities[0].tolist() == [1.5, 2.0, 2.5, 1.0]
+    assert v.tolist() == [2.5, 4.0, 5.5, 1.0]
+    with pytest.raises(ValueError, match="momentum_correction"):
+        ErrorFeedback(momentum=1.5)

@@ -141,6 +141,8 @@ def check_identical_after_training():
                                                         window=3, policy="geometric"),
                                    compressor=RandomKCompressor(cf=2, seed=7)),
         "accordion": dict(controller=hg.Accordion(low_cf=4, high_cf=64, interval=5)),
+        "dgc-momentum-correction-clipping": dict(controller=hg.StaticCF(50), momentum_correction=0.9,
+                                                 local_clip_norm=0.5),
     }
     for name, kw in modes.items():
         model = make_model()
