@@ -79,10 +79,12 @@ def worker(sizes: Sequence[int], repeats: int, warmup: int = 1) -> int:
     expect_sum = size * (size + 1) / 2.0
     for nbytes in sizes:
         n = nbytes // 4
+        # small messages are cheap and noisier: time more of them
+        reps = repeats * 4 if nbytes < (1 << 20) else repeats
         for op in ("allreduce", "allgather"):
             x = torch.full((n,), float(rank + 1), dtype=torch.float32)
             times = []
-            for i in range(warmup + repeats):
+            for i in range(warmup + reps):
                 hvd.barrier()
                 t0 = time.perf_counter()
                 if op == "allreduce":
@@ -106,7 +108,7 @@ def worker(sizes: Sequence[int], repeats: int, warmup: int = 1) -> int:
             tmax = hvd.allreduce(t, op=hvd.Max, name=f"probe.t.{op}.{nbytes}")
             if rank == 0:
                 med = statistics.median(tmax.tolist())
-                rec = {"op": op, "np": size, "bytes": nbytes, "repeats": repeats,
+                rec = {"op": op, "np": size, "bytes": nbytes, "repeats": reps,
                        "median_s": med, "min_s": min(tmax.tolist()), "times_s": tmax.tolist()}
                 print(TAG + json.dumps(rec), flush=True)
     hvd.barrier()

@@ -857,12 +857,19 @@ def _probe(args) -> int:
         from benchmarks import net_probe
     except ImportError:  # run from inside benchmarks/
         import net_probe  # type: ignore
-    rows = net_probe.run_probe(np=args.np, rate=args.rate, delay=args.delay,
-                               sizes=args.sizes, repeats=args.repeats, timeout=args.timeout,
-                               force_localhost=args.localhost)
-    print(net_probe.format_table(rows))
+    nps = [int(x) for x in str(args.np).split(",")]
+    rates = [None if x in ("none", "") else x for x in str(args.rate).split(",")]
+    rows = []
+    for rate in rates:          # sweep: --np 2,3 --rate 100mbit,1gbit
+        for np_ in nps:
+            part = net_probe.run_probe(np=np_, rate=rate, delay=args.delay, sizes=args.sizes,
+                                       repeats=args.repeats, timeout=args.timeout,
+                                       force_localhost=args.localhost)
+            print(net_probe.format_table(part), flush=True)
+            rows += part
+            if args.csv:
+                net_probe.write_csv(part, args.csv, append=args.append or len(rows) > len(part))
     if args.csv:
-        net_probe.write_csv(rows, args.csv, append=args.append)
         log(f"wrote {args.csv}")
     return 0
 
@@ -910,7 +917,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                        help="skip namespaces (plain localhost, no shaping)")
 
     p = sub.add_parser("probe", help="measure allreduce/allgather bandwidth through the emulation")
-    common(p)
+    p.add_argument("--np", default="2", help="ranks; a comma list sweeps, e.g. 2,3")
+    p.add_argument("--rate", default="100mbit", help="link rate; a comma list sweeps")
+    p.add_argument("--delay", default=None)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds, per run")
+    p.add_argument("--localhost", action="store_true")
     p.add_argument("--sizes", default="4KiB,64KiB,1MiB,4MiB,16MiB",
                    help="comma-separated message sizes per rank")
     p.add_argument("--repeats", type=int, default=3)

@@ -399,6 +399,44 @@ def test_signal_tears_down(sig):
 
 @needs_netns
 @needs_horovod
+def test_sigterm_during_run_ranks_kills_ranks_and_tears_down():
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from benchmarks import netem
+        print(os.getpid(), flush=True)
+        netem.run_ranks([sys.executable, "-c", "import time; time.sleep(120)"], 2, "100mbit",
+                        None, 100, {{}})
+    """)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = p.stdout.readline().strip()
+        deadline = time.monotonic() + 60
+        pids = []
+        while time.monotonic() < deadline:      # wait until both ranks run in their netns
+            nss = [n for n in netem.list_namespaces() if n.startswith(f"hgv-{pid}-")
+                   and not n.endswith("-br")]
+            pids = [int(x) for n in nss for x in subprocess.run(
+                ["ip", "netns", "pids", n], capture_output=True, text=True,
+                timeout=10).stdout.split()]
+            if len(nss) == 2 and len(pids) >= 2:
+                break
+            time.sleep(0.2)
+        assert len(pids) >= 2, "ranks did not start"
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+        assert p.returncode != 0
+        assert not any(netem._pid_alive(x) for x in pids)
+        assert [n for n in netem.list_namespaces() if n.startswith(f"hgv-{pid}-")] == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+        netem.cleanup_leftovers(verbose=False)
+
+
+@needs_netns
+@needs_horovod
 def test_two_rank_horovod_allreduce_through_namespaces():
     code = textwrap.dedent("""
         import socket, torch, horovod.torch as hvd
