@@ -18,9 +18,10 @@ Accordion's eta) relative to the previous interval.
 
 CONFIG (comma-separated list; default powersgd):
   powersgd  PowerSGD, rank 4 in critical regimes and rank 1 otherwise (Table 4):
-            --compressor powersgd --powersgd-rank 4 --low-cf 1 --high-cf 4, i.e. the
-            rank given is the one used at the low CF, and the rank at CF c is
-            4 * 1 / c (rank 1 at CF 4)
+            --compressor powersgd --powersgd-rank 4 --low-cf 10 --high-cf 1000; the
+            rank given is the one used at the low CF (critical regimes), rank 1 at the
+            high CF. For PowerSGD the two CFs only name the regimes (they must differ
+            and exceed 1, which means dense); the floats sent are measured.
   randomk   Random-k, low CF 1.5x, high CF 1000x: the same bounds GraVAC gets in its
             Random-k special case (Fig. 11)
   paper     both, one after the other
@@ -58,7 +59,7 @@ mapfile -t configs < <(gravac_configs "$CONFIG" "powersgd randomk")
 [ "${#configs[@]}" -gt 0 ] || die "CONFIG is empty"
 for config in "${configs[@]}"; do
   case "$config" in
-    powersgd) accordion_preset powersgd powersgd 1 4 --powersgd-rank "${POWERSGD_RANK:-4}" ;;
+    powersgd) accordion_preset powersgd powersgd 10 1000 --powersgd-rank "${POWERSGD_RANK:-4}" ;;
     randomk)  accordion_preset randomk randomk 1.5 1000 ;;
     *) die "unknown CONFIG '$config' (powersgd, randomk, paper)" ;;
   esac

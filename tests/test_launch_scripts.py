@@ -182,7 +182,8 @@ def test_accordion_paper_settings():
     powersgd, randomk = commands("run_accordion.sh", CONFIG="paper")
     f = flags(powersgd)
     assert (f["controller"], f["compressor"], f["powersgd-rank"]) == ("accordion", "powersgd", "4")
-    assert (f["low-cf"], f["high-cf"], f["accordion-threshold"]) == ("1", "4", "0.5")
+    assert (f["low-cf"], f["high-cf"], f["accordion-threshold"]) == ("10", "1000", "0.5")
+    assert 1 < float(f["low-cf"]) < float(f["high-cf"]), "CF 1 means dense, not rank 4"
     f = flags(randomk)
     assert (f["controller"], f["compressor"]) == ("accordion", "randomk")
     assert (f["low-cf"], f["high-cf"], f["accordion-threshold"]) == ("1.5", "1000", "0.5")
