@@ -1,0 +1,165 @@
+"""The embedded default: short 2-rank trainings on data that ships with scikit-learn, and a report.
+
+    python -m horovod_gravac.demo --out reports/demo
+
+Runs, one after another, each as ``horovodrun -np 2 -H localhost:2 --gloo python -m
+horovod_gravac.train --preset digits ...`` in a subprocess with a timeout:
+
+1. ``dense``          dense SGD (plain allreduce), the reference;
+2. ``static-topk100`` Top-k at a fixed CF of 100 (2 % of dense floats: values + indices);
+3. ``gravac-eps0.9``  GraVAC, epsilon 0.9, Exponential policy (the paper's conservative setting);
+4. ``gravac-eps0.7``  GraVAC, epsilon 0.7, Exponential policy, theta_min 20.
+
+All runs use the same seed, data order and number of steps. Then it builds the report
+(:mod:`horovod_gravac.report`: PNG plots, CSV/JSON) in ``--out`` and prints the summary
+table: final test accuracy, difference to dense, floats sent relative to dense, time,
+and the fraction of step time spent producing batches. Finally it checks the targets
+(GraVAC within 1 percentage point of dense accuracy with at least 10x fewer floats)
+and says which GraVAC runs meet them.
+
+Nothing is downloaded: the digits (1797 8x8 images) ship inside scikit-learn.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional
+
+# name, extra flags for horovod_gravac.train (on top of --preset digits)
+RUNS = [
+    ("dense", ["--controller", "dense"]),
+    ("static-topk100", ["--controller", "static", "--compressor", "topk", "--cf", "100"]),
+    ("gravac-eps0.9", ["--controller", "gravac", "--compressor", "topk", "--epsilon", "0.9",
+                       "--policy", "exponential", "--theta-min", "10", "--theta-max", "1000"]),
+    ("gravac-eps0.7", ["--controller", "gravac", "--compressor", "topk", "--epsilon", "0.7",
+                       "--policy", "exponential", "--theta-min", "20", "--theta-max", "1000"]),
+]
+ACCURACY_TOLERANCE = 0.01     # GraVAC within 1 percentage point of dense
+MIN_COMPRESSION = 10.0        # ... with at least 10x fewer floats sent
+
+
+def find_horovodrun() -> str:
+    """``horovodrun`` next to this Python (a virtual environment) or on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
+    found = shutil.which("horovodrun")
+    if not found:
+        raise SystemExit("horovodrun not found: install Horovod (scripts/setup.sh) in this environment")
+    return found
+
+
+def run_one(name: str, flags: List[str], run_dir: str, steps: Optional[int], timeout: float,
+            np_: int, quiet: bool) -> Dict:
+    """Launch one 2-rank training; stream rank 0's progress; kill the job on timeout."""
+    cmd = [find_horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
+           sys.executable, "-m", "horovod_gravac.train", "--preset", "digits", "--out", run_dir] + flags
+    if steps:
+        cmd += ["--steps", str(steps)]
+    log_path = run_dir.rstrip("/") + ".log"
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    print(f"\n== {name}: {' '.join(cmd[cmd.index('-m'):])}", flush=True)
+    t0 = time.perf_counter()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, start_new_session=True)
+
+        def pump():   # copy the job's output to the log; echo rank 0's lines
+            for line in proc.stdout:
+                log.write(line)
+                if not quiet and line.startswith("[0]<stdout>:"):
+                    print("   " + line[len("[0]<stdout>:"):].rstrip(), flush=True)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGTERM)   # the job's own process group only
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        reader.join(timeout=10)
+    seconds = time.perf_counter() - t0
+    ok = proc.returncode == 0 and not timed_out and os.path.exists(os.path.join(run_dir, "summary.json"))
+    status = "ok" if ok else ("timed out" if timed_out else f"failed (exit {proc.returncode})")
+    print(f"   {name}: {status} in {seconds:.1f}s (log {log_path})", flush=True)
+    return {"name": name, "ok": ok, "status": status, "seconds": seconds, "log": log_path, "dir": run_dir}
+
+
+def check_targets(rows: List[dict]) -> List[dict]:
+    """GraVAC runs vs the targets: accuracy within 1 pp of dense, >= 10x fewer floats."""
+    out = []
+    for r in rows:
+        if r.get("controller") != "gravac":
+            continue
+        diff, comp = r.get("diff_vs_dense"), r.get("compression_vs_dense")
+        acc_ok = diff is not None and diff >= -ACCURACY_TOLERANCE
+        comp_ok = comp is not None and comp >= MIN_COMPRESSION
+        out.append({"run": r["run"], "accuracy_within_1pp": acc_ok, "at_least_10x_fewer_floats": comp_ok,
+                    "diff_pp": None if diff is None else 100 * diff, "compression": comp,
+                    "meets_targets": acc_ok and comp_ok})
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m horovod_gravac.demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.path.join("reports", "demo"), help="report directory")
+    p.add_argument("--steps", type=int, help="override the preset's training steps (digits preset: see train.py)")
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds allowed per run")
+    p.add_argument("--np", type=int, default=2, help="ranks per run")
+    p.add_argument("--only", help="comma-separated subset of runs: " + ",".join(n for n, _ in RUNS))
+    p.add_argument("--quiet", action="store_true", help="do not stream the progress lines")
+    args = p.parse_args(argv)
+
+    t_start = time.perf_counter()
+    selected = [r for r in RUNS if not args.only or r[0] in args.only.split(",")]
+    runs_root = os.path.join(args.out, "runs")
+    results = []
+    for name, flags in selected:
+        run_dir = os.path.join(runs_root, name)
+        if os.path.isdir(run_dir):
+            shutil.rmtree(run_dir)
+        results.append(run_one(name, flags, run_dir, args.steps, args.timeout, args.np, args.quiet))
+    done = [r for r in results if r["ok"]]
+    if not done:
+        print("\nno run finished; see the logs above", file=sys.stderr)
+        return 1
+
+    from .report import make_report
+    report = make_report([r["dir"] for r in done], args.out)
+    total = time.perf_counter() - t_start
+    targets = check_targets(report["runs"])
+    summary = {"runs": results, "table": report["runs"], "targets": targets, "total_seconds": total,
+               "plots": report["plots"]}
+    with open(os.path.join(args.out, "demo_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+
+    print("\n" + report["table"])
+    print(f"\nfloats: values and int32 indices both count (2 per kept entry); "
+          f"loader %: share of step time spent producing batches")
+    for t in targets:
+        print(f"target check {t['run']}: accuracy {t['diff_pp']:+.2f} pp vs dense "
+              f"({'ok' if t['accuracy_within_1pp'] else 'MISSED'}: within 1 pp), "
+              f"{t['compression']:.1f}x fewer floats ({'ok' if t['at_least_10x_fewer_floats'] else 'MISSED'}: >= 10x)")
+    failed = [r["name"] for r in results if not r["ok"]]
+    if failed:
+        print(f"runs that did not finish: {', '.join(failed)}")
+    print(f"\nreport: {args.out} ({', '.join(report['plots'])}); total {total:.1f}s")
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
