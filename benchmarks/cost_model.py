@@ -82,8 +82,8 @@ class Link:
 # 2 and 3 ranks, tbf-shaped veth links) by `python benchmarks/cost_model.py fit`.
 # Regenerate after re-running the probe; see PROBE_FIT_NOTE.
 PROBE_FIT: Dict[str, Link] = {
-    "100mbit": Link(alpha=7.753e-04, beta=9.408e-08, overhead=4.182e-03, name="fit@100mbit"),
-    "1gbit": Link(alpha=1.525e-04, beta=1.297e-08, overhead=1.472e-02, name="fit@1gbit"),
+    "100mbit": Link(alpha=1.572e-03, beta=8.892e-08, overhead=1.604e-03, name="fit@100mbit"),
+    "1gbit": Link(alpha=1.559e-03, beta=1.068e-08, overhead=0.0, name="fit@1gbit"),
 }
 # The projection to the paper's network takes alpha, overhead and bandwidth efficiency
 # from the link-bound probe configuration: at 1 Gbit/s the 2-core shared machine that
@@ -91,7 +91,7 @@ PROBE_FIT: Dict[str, Link] = {
 PAPER_FIT_RATE = "100mbit"
 PROBE_FIT_NOTE = ("fitted on allreduce rows of benchmarks/results/net_probe.csv: 2 and 3 ranks,"
                   " 4 KiB..16 MiB, 2-core VM shared with other jobs (1-min load 6-10);"
-                  " 100mbit is link-bound (85 Mbit/s effective), 1gbit is CPU-bound (617)")
+                  " 100mbit is link-bound (90 Mbit/s effective), 1gbit is CPU-bound (749)")
 
 
 # ---------------------------------------------------------------------------
@@ -260,12 +260,13 @@ PROJECTION_FIELDS = ["model", "params", "workers", "link_gbit_s", "alpha_us", "o
 
 def format_projection(rows: List[Dict]) -> str:
     head = (f"{'model':10} {'CF':>6} {'payload MiB':>11} {'ring ms':>9} {'tree ms':>9} "
-            f"{'compute':>8} {'compress':>8} {'step ms':>9} {'vs dense':>8} {'vs 10x':>7}")
+            f"{'compute':>8} {'compress':>8} {'decomp':>7} {'step ms':>9} {'vs dense':>8} {'vs 10x':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['model']:10} {r['cf']:>6g} {r['payload_mib']:>11.3f} "
                      f"{r['sync_ring_ms']:>9.2f} {r['sync_tree_ms']:>9.2f} "
-                     f"{r['compute_ms']:>8.1f} {r['compress_ms']:>8.1f} {r['step_ms']:>9.2f} "
+                     f"{r['compute_ms']:>8.1f} {r['compress_ms']:>8.1f} {r['decompress_ms']:>7.1f} "
+                     f"{r['step_ms']:>9.2f} "
                      f"{r['speedup_vs_dense']:>8.2f} {r['speedup_vs_cf10']:>7.2f}")
     return "\n".join(lines)
 

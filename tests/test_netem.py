@@ -585,3 +585,19 @@ def test_committed_probe_results_are_sane():
     big = [r for r in shaped if r["bytes"] >= 1 << 22 and r["rate"] == "100mbit"
            and r["op"] == "allreduce"]
     assert big and all(r["busbw_over_rate"] > 0.5 for r in big)
+
+
+def test_cost_model_agrees_with_committed_probe_where_link_bound():
+    path = ROOT / "benchmarks" / "results" / "net_probe.csv"
+    if not path.exists():
+        pytest.skip("no committed probe results")
+    rows = net_probe.read_csv(str(path))
+    agr = cost_model.agreement(rows)
+    big = [a for a in agr if a["rate"] == "100mbit" and a["bytes"] >= 1 << 20]
+    assert big
+    # Link-bound dense allreduce: the alpha-beta fit is within 30 % of every measurement.
+    for a in big:
+        if a["op"] == "allreduce":
+            assert 0.7 < a["measured_over_fitted"] < 1.3, a
+    # Nothing is faster than the bare link allows.
+    assert all(a["measured_over_nominal"] > 1.0 for a in big)
