@@ -37,6 +37,18 @@ if [ "$WITH_MPI" = "1" ] && ! command -v mpicxx >/dev/null; then
   fi
 fi
 
+# iproute2 (ip, tc): the emulated-network benchmarks put ranks in network namespaces.
+if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    say "installing iproute2 (ip, tc) for the emulated-network benchmarks"
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null; } \
+      || say "warning: could not install iproute2; benchmarks/netem.py will fall back to plain localhost"
+  else
+    say "note: 'ip'/'tc' missing; benchmarks/netem.py will fall back to plain localhost ranks"
+  fi
+fi
+
 # --- virtual environment and Python packages ---------------------------------
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV with $PYTHON"
