@@ -132,32 +132,41 @@ def run_summary(run: Run, reference: Optional[Run]) -> dict:
            "loader_fraction": _num(s.get("loader_fraction"), float(
                np.nansum(run.col("data_time", 0.0)) / max(1e-12, np.nansum(run.col("iter_time", 0.0))))),
            "mean_cf": float(np.nanmean(run.col("cf", 1.0))) if run.steps else None}
-    if run.is_lm:
-        row["perplexity"] = final.get("perplexity")
-        ref = (reference.summary.get("final") or reference.evals[-1]) if reference and reference.evals else None
-        row["diff_vs_dense"] = (row["perplexity"] - ref["perplexity"]
-                                if ref and row["perplexity"] is not None else None)
-    else:
-        row["accuracy"] = final.get("accuracy")
+    ref = (reference.summary.get("final") or reference.evals[-1]) if reference and reference.evals else {}
+    key = "perplexity" if run.is_lm else "accuracy"
+    row[key] = final.get(key)
+    if not run.is_lm:
         row["top5"] = final.get("top5")
-        ref = (reference.summary.get("final") or reference.evals[-1]) if reference and reference.evals else None
-        row["diff_vs_dense"] = (row["accuracy"] - ref["accuracy"]
-                                if ref and row["accuracy"] is not None else None)
+    row["reference"] = reference.label if reference else None
+    row["diff_vs_dense"] = (row[key] - ref[key] if row[key] is not None and ref.get(key) is not None
+                            else None)
     return row
+
+
+def find_reference(run: Run, runs: Sequence[Run]) -> Optional[Run]:
+    """The dense run to compare with: same model and data set, else same task, else none."""
+    dense = [r for r in runs if r.controller == "dense" and r.evals]
+    for same in (lambda r: (r.config.get("model"), r.config.get("dataset")) ==
+                 (run.config.get("model"), run.config.get("dataset")),
+                 lambda r: r.is_lm == run.is_lm):
+        match = [r for r in dense if same(r)]
+        if match:
+            return match[0]
+    return None
 
 
 def format_table(rows: List[dict]) -> str:
     """Markdown table of run summaries (accuracy in %, difference in percentage points)."""
     lm = any("perplexity" in r for r in rows)
-    head = ["run", "final ppl" if lm else "final acc", "diff vs dense" + ("" if lm else " (pp)"),
+    head = ["run", "final acc / ppl" if lm else "final acc", "diff vs dense" + (" (pp / ppl)" if lm else " (pp)"),
             "floats sent / dense", "compression", "mean CF", "time (s)", "loader %"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def f(v, fmt):
         return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
     for r in rows:
-        if lm:
-            metric, diff = f(r.get("perplexity"), "{:.2f}"), f(r.get("diff_vs_dense"), "{:+.2f}")
+        if "perplexity" in r:
+            metric, diff = f(r.get("perplexity"), "ppl {:.2f}"), f(r.get("diff_vs_dense"), "{:+.2f}")
         else:
             acc = r.get("accuracy")
             metric = f(None if acc is None else 100 * acc, "{:.2f}%")
@@ -379,7 +388,8 @@ def make_report(run_dirs: Sequence[str], out: str, labels: Optional[Sequence[str
 
     # -- cumulative floats sent ------------------------------------------------------------------
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    dense_drawn = False
+    dense_drawn = set()
+    several = len({(r.config.get("model"), r.config.get("dataset")) for r in runs}) > 1
     for r in runs:
         if not r.steps:
             continue
@@ -388,10 +398,11 @@ def make_report(run_dirs: Sequence[str], out: str, labels: Optional[Sequence[str
         tag = f" ({dense / sent:.1f}x fewer)" if sent > 0 and dense > 0 else ""
         ax.plot(x, np.cumsum(r.col("floats_sent", 0.0)), label=r.label + tag, color=colors[r.label],
                 ls=styles[r.label][0])
-        if not dense_drawn and np.nansum(r.col("dense_floats", 0.0)) > 0:
+        workload = (r.config.get("model"), r.config.get("dataset"))
+        if workload not in dense_drawn and np.nansum(r.col("dense_floats", 0.0)) > 0:
             ax.plot(x, np.cumsum(r.col("dense_floats", 0.0)), color="black", ls="--", lw=1,
-                    label="dense SGD (reference)")
-            dense_drawn = True
+                    label="dense SGD (reference)" + (f": {workload[0]}" if several else ""))
+            dense_drawn.add(workload)
     ax.set_yscale("log")
     ax.set_xlabel("iteration")
     ax.set_ylabel("cumulative floats sent per rank (log)")
@@ -401,7 +412,7 @@ def make_report(run_dirs: Sequence[str], out: str, labels: Optional[Sequence[str
     save(fig, "floats_sent.png")
 
     # -- summary ------------------------------------------------------------------------------
-    rows = [run_summary(r, reference) for r in runs]
+    rows = [run_summary(r, find_reference(r, runs)) for r in runs]
     table = format_table(rows)
     _write_csv(os.path.join(out, "summary.csv"), rows)
     result = {"runs": rows, "reference": reference.label if reference else None,

@@ -83,6 +83,7 @@ DEFAULTS: Dict[str, Any] = dict(
     ewma_alpha=None, low_cf=10.0, high_cf=1000.0, accordion_threshold=0.5, accordion_interval=100, powersgd_rank=1,
     steps=200, eval_every=50, batch_size=32, eval_batch_size=None, lr=0.1, momentum=0.9,
     weight_decay=1e-4, lr_milestones="", lr_gamma=0.1, warmup_steps=0, clip_norm=None,
+    momentum_correction=False, local_clip_norm=None,
     bptt=35, width=None, blocks=None, dropout=None, tie_weights=False, seed=42, out=None,
     threads=None, log_every=None, max_eval_batches=None)
 
@@ -126,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr-gamma", type=float, help="lr factor at each milestone (0.1)")
     t.add_argument("--warmup-steps", type=int, help="linear lr warm-up over the first N steps (0)")
     t.add_argument("--clip-norm", type=float, help="clip the averaged gradient's global norm (LSTM)")
+    t.add_argument("--momentum-correction", action="store_true", default=None,
+                   help="DGC momentum correction (velocity in the residual; SGD itself momentum-free)")
+    t.add_argument("--local-clip-norm", type=float, help="DGC local gradient clipping (per rank, per bucket)")
     t.add_argument("--bptt", type=int, help="LSTM: tokens per BPTT window (35)")
     t.add_argument("--width", type=float, help="model size knob: ResNet stem channels, VGG channel "
                                                "multiplier, LSTM units, TinyCNN channels")
@@ -192,6 +196,13 @@ def make_compressor(args) -> Callable:
     if args.compressor == "randomk" and "seed" in params:
         extra["seed"] = 1234 + args.seed        # the same on every rank: shared indices
     if args.compressor == "powersgd" and "rank" in params:
+        if args.controller == "accordion":
+            # Paper Table 4: rank --powersgd-rank (4) in critical regimes (low CF), rank 1 otherwise.
+            low, rank = float(args.low_cf), int(args.powersgd_rank)
+
+            def accordion_powersgd(cf):
+                return cls(cf=cf, rank=rank if float(cf) == low else 1)
+            return accordion_powersgd
         extra["rank"] = args.powersgd_rank
     return functools.partial(cls, **extra) if extra else cls
 
@@ -219,11 +230,25 @@ def make_controller(args):
 def make_optimizer(args, model: torch.nn.Module):
     """The one place the distributed optimizer is created (docs/API_CONTRACT.md)."""
     from .optimizer import DistributedOptimizer
-    base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+    options = inspect.signature(DistributedOptimizer).parameters
+    extra = {}
+    momentum = args.momentum
+    if args.momentum_correction:
+        if "momentum_correction" not in options:
+            raise SystemExit("--momentum-correction: this optimizer has no momentum_correction option")
+        # DGC: the velocity lives in the residual; the wrapped SGD must be momentum-free.
+        extra["momentum_correction"], momentum = args.momentum, 0.0
+    if args.local_clip_norm is not None:
+        if "local_clip_norm" not in options:
+            raise SystemExit("--local-clip-norm: this optimizer has no local_clip_norm option")
+        extra["local_clip_norm"] = args.local_clip_norm
+    base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=momentum,
                            weight_decay=args.weight_decay)
+    # Dense SGD compresses nothing: it needs no compressor (the preset's may not be installed).
+    compressor = None if args.controller == "dense" else make_compressor(args)
     opt = DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                               compressor=make_compressor(args), controller=make_controller(args),
-                               backward_passes_per_step=1)
+                               compressor=compressor, controller=make_controller(args),
+                               backward_passes_per_step=1, **extra)
     return opt, base
 
 
