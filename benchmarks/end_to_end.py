@@ -1,0 +1,583 @@
+#!/usr/bin/env python3
+"""End-to-end benchmark on the emulated constrained network (issue 6, items 2 and 4).
+
+Every configuration trains the default workload (``--preset digits``: TinyCNN on
+scikit-learn's digits, the demo's settings) as Horovod Gloo ranks placed in network
+namespaces joined by tbf rate-limited links (:func:`benchmarks.netem.run_ranks`), one
+run after another, each with a timeout. From the per-step JSON lines and the
+evaluations of every run it reports, like the paper:
+
+* final test accuracy and its difference to dense (percentage points);
+* time to accuracy (TTA): training time until the first evaluation whose accuracy is
+  within ``--tolerance-pp`` (0.5) of dense's final accuracy (or ``--target``);
+* speedup of that time over dense and over static Top-k 10x;
+* floats sent relative to dense and to Accordion (Top-k);
+* the per-phase split of the training time: compute (forward, backward, update, data),
+  compress, communicate (``compress_time`` and ``comm_time`` of ``opt.stats``);
+* the targets of issue 6, PASS/FAIL as measured;
+* the alpha-beta cost model (benchmarks/cost_model.py, link fitted by the probe) fed
+  with each run's measured compute/compress times and per-step payloads, against the
+  measured step times.
+
+Times are training time: the sum of the per-step ``iter_time`` (evaluation excluded).
+
+Outputs under ``--out`` (default benchmarks/results/end_to_end/): ``results.csv``,
+``phases.csv``, ``cost_model.csv``, ``targets.csv``, ``results.md`` (all tables),
+``accuracy_vs_time.png``, ``speedups.png``, ``phases.png`` and the run directories
+(``runs/<config>/``, not meant for git).
+
+    python benchmarks/end_to_end.py                       # all configurations (~25 min)
+    python benchmarks/end_to_end.py --quick               # a ~5 minute subset
+    python benchmarks/end_to_end.py --configs dense,topk-cf10,gravac-exp-eps0.7
+    python benchmarks/end_to_end.py --report-only         # re-analyse existing runs
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks import cost_model as cm  # noqa: E402
+from benchmarks.netem import run_ranks   # noqa: E402
+
+DEFAULT_OUT = os.path.join(HERE, "results", "end_to_end")
+
+# The workload: the demo's preset (digits, TinyCNN, batch 32/rank, lr 0.05, momentum 0.9),
+# made larger so that communication matters at 100 Mbit/s (width 64: 206k parameters,
+# 0.8 MB of fp32 gradient per step), shorter (the digits converge within ~100 steps), with
+# GraVAC/Accordion windows scaled down with the number of steps, and one torch thread per
+# rank (3 ranks share 2 cores).
+WORKLOAD = ["--preset", "digits", "--width", "64", "--threads", "1"]
+DEFAULT_STEPS = 240
+DEFAULT_EVAL_EVERY = 20
+GRAVAC_WINDOW = 30
+ACCORDION_INTERVAL = 30
+
+# name -> (group, compressor, flags)
+CONFIGS: Dict[str, tuple] = {"dense": ("dense", None, ["--controller", "dense"])}
+for _c in ("topk", "dgc", "redsync", "randomk", "sidco"):
+    for _cf in (10, 1000):
+        CONFIGS[f"{_c}-cf{_cf}"] = ("static", _c, ["--controller", "static", "--compressor", _c,
+                                                   "--cf", str(_cf)])
+for _pol, _short in (("exponential", "exp"), ("geometric", "geo")):
+    for _eps in ("0.7", "0.9"):
+        CONFIGS[f"gravac-{_short}-eps{_eps}"] = (
+            "gravac", "topk", ["--controller", "gravac", "--compressor", "topk", "--policy", _pol,
+                               "--epsilon", _eps, "--theta-min", "10",
+                               "--theta-max", "1000" if _pol == "exponential" else "2000",
+                               "--window", str(GRAVAC_WINDOW)])
+CONFIGS["accordion-topk"] = ("accordion", "topk", [
+    "--controller", "accordion", "--compressor", "topk", "--low-cf", "10", "--high-cf", "1000",
+    "--accordion-interval", str(ACCORDION_INTERVAL)])
+# Paper Table 4: PowerSGD rank 4 in critical regimes (the low CF), rank 1 otherwise;
+# train.py maps --powersgd-rank 4 to the low CF and rank 1 to the high CF.
+CONFIGS["accordion-powersgd"] = ("accordion", "powersgd", [
+    "--controller", "accordion", "--compressor", "powersgd", "--powersgd-rank", "4",
+    "--low-cf", "10", "--high-cf", "1000", "--accordion-interval", str(ACCORDION_INTERVAL)])
+
+QUICK_CONFIGS = ["dense", "topk-cf10", "gravac-exp-eps0.7"]
+QUICK_STEPS = 120
+
+TARGET_SPEEDUP_DENSE = 3.0
+TARGET_SPEEDUP_TOPK10 = 1.5
+TARGET_MAX_SLOWDOWN = 1.20
+
+
+def log(msg: str) -> None:
+    print(f"[end_to_end] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- running
+def compressor_available(name: Optional[str]) -> Optional[str]:
+    """None if the compressor exists in this installation, else why not."""
+    if name is None:
+        return None
+    from horovod_gravac.train import COMPRESSORS
+    cls = COMPRESSORS[name]
+    try:
+        pkg = importlib.import_module("horovod_gravac.compressors")
+        if getattr(pkg, cls, None) is not None:
+            return None
+        mod = importlib.import_module(f"horovod_gravac.compressors.{name}")
+        if getattr(mod, cls, None) is not None:
+            return None
+    except ImportError as e:
+        return f"horovod_gravac.compressors has no {cls} ({e})"
+    return f"horovod_gravac.compressors has no {cls}"
+
+
+def train_command(name: str, run_dir: str, steps: int, eval_every: int) -> List[str]:
+    return ([sys.executable, "-m", "horovod_gravac.train"] + WORKLOAD + CONFIGS[name][2]
+            + ["--steps", str(steps), "--eval-every", str(eval_every), "--log-every", str(steps),
+               "--out", run_dir])
+
+
+def run_config(name: str, run_dir: str, np_: int, rate: Optional[str], steps: int,
+               eval_every: int, timeout: float, force_localhost: bool) -> Dict:
+    if os.path.isdir(run_dir):
+        shutil.rmtree(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    cmd = train_command(name, run_dir, steps, eval_every)
+    log(f"{name}: {' '.join(cmd[1:])}")
+    t0 = time.perf_counter()
+    status, mode = "ok", None
+    try:
+        res = run_ranks(cmd, np=np_, rate=rate, delay=None, timeout=timeout,
+                        env={"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")},
+                        check=False, force_localhost=force_localhost, log_dir=run_dir + ".logs")
+        mode = res[0].mode if res else None
+        bad = [r for r in res if r.returncode != 0]
+        if any(r.timed_out for r in res):
+            status = f"timed out after {timeout:.0f}s"
+        elif bad:
+            status = f"rank {bad[0].rank} exited {bad[0].returncode}"
+            tail = (bad[0].stderr or "")[-1500:]
+            log(f"{name}: {status}\n{tail}")
+    except Exception as e:  # namespaces/launcher failure: record it, go on with the others
+        status = f"launcher error: {e}"
+    if status == "ok" and not os.path.exists(os.path.join(run_dir, "summary.json")):
+        status = "no summary.json"
+    wall = time.perf_counter() - t0
+    log(f"{name}: {status} in {wall:.0f}s ({mode})")
+    meta = {"name": name, "status": status, "mode": mode, "np": np_, "rate": rate,
+            "launch_seconds": wall}
+    with open(os.path.join(run_dir, "bench.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+    return meta
+
+
+# --------------------------------------------------------------------------- analysis
+def _jsonl(path: str) -> List[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def load_run(run_dir: str) -> Optional[Dict]:
+    """Steps, evaluations (with cumulative training time) and summary of one run."""
+    meta_path = os.path.join(run_dir, "bench.json")
+    meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+    if meta.get("status", "ok") != "ok" or not os.path.exists(os.path.join(run_dir, "summary.json")):
+        return None
+    steps = _jsonl(os.path.join(run_dir, "steps.jsonl"))
+    evals = _jsonl(os.path.join(run_dir, "eval.jsonl"))
+    if not steps or not evals:
+        return None
+    cum, t = {}, 0.0
+    for s in steps:
+        t += float(s.get("iter_time") or 0.0)
+        cum[int(s["step"])] = t
+    for e in evals:
+        e["train_time"] = cum.get(int(e["step"]), t)
+    with open(os.path.join(run_dir, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    return {"steps": steps, "evals": evals, "summary": summary, "config": config, "meta": meta}
+
+
+def time_to(evals: List[dict], target: float) -> Optional[float]:
+    for e in evals:
+        if e["accuracy"] >= target - 1e-12:
+            return e["train_time"]
+    return None
+
+
+def phase_split(steps: List[dict]) -> Dict[str, float]:
+    total = sum(float(s.get("iter_time") or 0.0) for s in steps)
+    compress = sum(float(s.get("compress_time") or 0.0) for s in steps)
+    comm = sum(float(s.get("comm_time") or 0.0) for s in steps)
+    return {"total_s": total, "compute_s": max(0.0, total - compress - comm),
+            "compress_s": compress, "comm_s": comm}
+
+
+def _ratio(a, b):
+    return a / b if (a is not None and b not in (None, 0)) else None
+
+
+def analyse(runs: Dict[str, Dict], tolerance_pp: float, target: Optional[float]) -> Dict:
+    dense = runs.get("dense")
+    if target is None:
+        if dense is None:
+            raise SystemExit("no dense run and no --target: nothing to measure time-to-accuracy against")
+        dense_final = dense["evals"][-1]["accuracy"]
+        target = dense_final - tolerance_pp / 100.0
+        target_desc = f"dense final {100 * dense_final:.2f}% - {tolerance_pp:g} pp = {100 * target:.2f}%"
+    else:
+        dense_final = dense["evals"][-1]["accuracy"] if dense else None
+        target_desc = f"--target {100 * target:.2f}%"
+    tta = {n: time_to(r["evals"], target) for n, r in runs.items()}
+    floats = {n: float(r["summary"]["floats_sent"]) for n, r in runs.items()}
+    acc_ref = "accordion-topk" if "accordion-topk" in runs else (
+        "accordion-powersgd" if "accordion-powersgd" in runs else None)
+    rows = []
+    for n, r in runs.items():
+        final = r["evals"][-1]["accuracy"]
+        ph = phase_split(r["steps"])
+        cfs = r["summary"].get("steps_per_cf") or {}
+        top_cf = max(cfs.items(), key=lambda kv: kv[1])[0] if cfs else ""
+        rows.append({
+            "config": n, "group": CONFIGS.get(n, ("?",))[0],
+            "compressor": r["summary"].get("compressor") if n != "dense" else "-",
+            "steps": r["summary"].get("steps"),
+            "final_acc_pct": 100 * final,
+            "diff_vs_dense_pp": 100 * (final - dense_final) if dense_final is not None else None,
+            "tta_s": tta[n],
+            "train_s": ph["total_s"],
+            "speedup_vs_dense": _ratio(tta.get("dense"), tta[n]),
+            "speedup_vs_topk10": _ratio(tta.get("topk-cf10"), tta[n]),
+            "floats_vs_dense": _ratio(floats[n], floats.get("dense")) if "dense" in floats
+            else _ratio(floats[n], float(r["summary"]["dense_floats"])),
+            "floats_vs_accordion": _ratio(floats[n], floats.get(acc_ref)) if acc_ref else None,
+            "mean_step_ms": 1e3 * ph["total_s"] / max(1, len(r["steps"])),
+            "compute_pct": 100 * ph["compute_s"] / ph["total_s"] if ph["total_s"] else None,
+            "compress_pct": 100 * ph["compress_s"] / ph["total_s"] if ph["total_s"] else None,
+            "comm_pct": 100 * ph["comm_s"] / ph["total_s"] if ph["total_s"] else None,
+            "compute_s": ph["compute_s"], "compress_s": ph["compress_s"], "comm_s": ph["comm_s"],
+            "most_used_cf": top_cf,
+            "mode": r["meta"].get("mode"), "np": r["config"].get("world_size"),
+        })
+    return {"rows": rows, "target": target, "target_desc": target_desc, "tta": tta,
+            "accordion_ref": acc_ref}
+
+
+def check_targets(res: Dict) -> List[Dict]:
+    """Issue 6 targets, per GraVAC configuration."""
+    tta = res["tta"]
+    static_hits = {n: t for n, t in tta.items()
+                   if t is not None and CONFIGS.get(n, ("",))[0] == "static"}
+    best_static = min(static_hits.items(), key=lambda kv: kv[1]) if static_hits else None
+    out = []
+    for n, t in tta.items():
+        if CONFIGS.get(n, ("",))[0] != "gravac":
+            continue
+        sd = _ratio(tta.get("dense"), t)
+        st = _ratio(tta.get("topk-cf10"), t)
+        slow = _ratio(t, best_static[1]) if best_static else None
+
+        def verdict(ok, why_missing):
+            return "FAIL (" + why_missing + ")" if ok is None else ("PASS" if ok else "FAIL")
+        reached = t is not None
+        out.append({
+            "config": n,
+            "reaches_target": "yes" if reached else "no",
+            "speedup_vs_dense": sd,
+            f"T1a >= {TARGET_SPEEDUP_DENSE:g}x vs dense": verdict(
+                None if sd is None else sd >= TARGET_SPEEDUP_DENSE,
+                "target not reached" if not reached else "no dense TTA"),
+            "speedup_vs_topk10": st,
+            f"T1b >= {TARGET_SPEEDUP_TOPK10:g}x vs Top-k 10x": verdict(
+                None if st is None else st >= TARGET_SPEEDUP_TOPK10,
+                "target not reached" if not reached else "Top-k 10x did not reach it"),
+            "best_static": best_static[0] if best_static else None,
+            "time_vs_best_static": slow,
+            f"T2 <= {TARGET_MAX_SLOWDOWN:g}x best static": verdict(
+                None if slow is None else slow <= TARGET_MAX_SLOWDOWN,
+                "target not reached" if not reached else "no static run reached it"),
+        })
+    return out
+
+
+# --------------------------------------------------------------------------- cost model
+def cost_model_rows(runs: Dict[str, Dict], np_: int, rate: Optional[str]) -> List[Dict]:
+    """Alpha-beta model (link fitted by the probe at `rate`) fed with each run's measured
+    compute and compress times and per-step payloads; compared with the measured times.
+
+    Per step: dense (cf 1) -> ring allreduce of the fp32 gradient; Top-k & co -> ring
+    allgather of `floats_sent` 4-byte words (values + int32 indices); Random-k (shared
+    indices) -> allreduce of the values; PowerSGD -> two allreduces of its factors.
+    """
+    link = cm.PROBE_FIT.get(rate or "")
+    if link is None:
+        return []
+    out = []
+    for n, r in runs.items():
+        comp = r["summary"].get("compressor")
+        sync_pred, step_pred, comm_meas, step_meas = [], [], [], []
+        for s in r["steps"][5:]:            # skip warm-up steps
+            floats = float(s.get("floats_sent") or 0.0)
+            cf = float(s.get("cf") or 1.0)
+            if n == "dense" or cf <= 1.0:
+                sync = cm.dense_sync_time(int(floats), np_, link)
+            elif comp == "randomk":
+                sync = cm.collective_time("allreduce", floats * cm.VALUE_BYTES, np_, link)
+            elif comp == "powersgd":
+                sync = 2 * cm.collective_time("allreduce", floats * cm.VALUE_BYTES / 2, np_, link)
+            else:
+                sync = cm.collective_time("allgather", floats * cm.VALUE_BYTES, np_, link)
+            it = float(s.get("iter_time") or 0.0)
+            comm = float(s.get("comm_time") or 0.0)
+            compute_compress = it - comm
+            sync_pred.append(sync)
+            step_pred.append(compute_compress + sync)
+            comm_meas.append(comm)
+            step_meas.append(it)
+        if not step_meas:
+            continue
+        med = statistics.median
+        row = {"config": n, "np": np_, "rate": rate,
+               "density": float(r["summary"]["floats_sent_vs_dense"] or 0.0)
+               / (1.0 if n == "dense" or comp in ("randomk", "powersgd") else 2.0),
+               "compute_compress_ms": 1e3 * med([a - b for a, b in zip(step_meas, comm_meas)]),
+               "comm_measured_ms": 1e3 * med(comm_meas), "comm_model_ms": 1e3 * med(sync_pred),
+               "step_measured_ms": 1e3 * med(step_meas), "step_model_ms": 1e3 * med(step_pred)}
+        row["comm_meas_over_model"] = _ratio(row["comm_measured_ms"], row["comm_model_ms"])
+        row["step_meas_over_model"] = _ratio(row["step_measured_ms"], row["step_model_ms"])
+        q = row["comm_meas_over_model"]
+        row["agreement"] = ("agrees (within 25%)" if q is not None and 0.8 <= q <= 1.25 else
+                            "measured slower: CPU/Gloo overhead not in the model" if q and q > 1.25
+                            else "measured faster than the model")
+        out.append(row)
+    return out
+
+
+# --------------------------------------------------------------------------- output
+def _fmt(v, spec=".2f", none="-"):
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return none
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def write_csv(rows: List[Dict], path: str) -> None:
+    if not rows:
+        return
+    fields = list(rows[0].keys())
+    for r in rows[1:]:
+        fields += [k for k in r if k not in fields]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def md_table(header: Sequence[str], rows: List[Sequence]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def markdown(res: Dict, targets: List[Dict], cost: List[Dict], skipped: List[str],
+             failed: List[str], setup: str) -> str:
+    rows = res["rows"]
+    parts = [f"Setup: {setup}.", f"Time-to-accuracy target: {res['target_desc']} "
+             "(training time, evaluation excluded; `-` = not reached)."]
+    if skipped:
+        parts.append("Skipped (not in this installation): " + ", ".join(skipped) + ".")
+    if failed:
+        parts.append("Did not finish: " + ", ".join(failed) + ".")
+    acc_ref = res["accordion_ref"] or "Accordion"
+    parts.append(md_table(
+        ["config", "final acc %", "Δ dense pp", "TTA s", "speedup vs dense", "speedup vs Top-k 10x",
+         "floats vs dense", f"floats vs {acc_ref}", "most used CF", "train s"],
+        [[r["config"], _fmt(r["final_acc_pct"]), _fmt(r["diff_vs_dense_pp"], "+.2f"), _fmt(r["tta_s"], ".1f"),
+          _fmt(r["speedup_vs_dense"]), _fmt(r["speedup_vs_topk10"]), _fmt(r["floats_vs_dense"], ".4f"),
+          _fmt(r["floats_vs_accordion"], ".3f"), r["most_used_cf"], _fmt(r["train_s"], ".1f")]
+         for r in rows]))
+    parts.append("Per-phase split of training time (compute = forward, backward, update, data):")
+    parts.append(md_table(
+        ["config", "mean step ms", "compute %", "compress %", "communicate %"],
+        [[r["config"], _fmt(r["mean_step_ms"], ".0f"), _fmt(r["compute_pct"], ".1f"),
+          _fmt(r["compress_pct"], ".1f"), _fmt(r["comm_pct"], ".1f")] for r in rows]))
+    if targets:
+        parts.append("Issue 6 targets (per GraVAC configuration):")
+        keys = list(targets[0].keys())
+        parts.append(md_table(keys, [[_fmt(t[k]) for k in keys] for t in targets]))
+    if cost:
+        parts.append("Cost model (alpha-beta, link fitted by the probe) fed with the measured "
+                     "compute+compress time and per-step payload, medians per step:")
+        parts.append(md_table(
+            ["config", "density", "compute+compress ms", "comm measured ms", "comm model ms",
+             "meas/model comm", "step measured ms", "step model ms", "meas/model step", "verdict"],
+            [[c["config"], _fmt(c["density"], ".4f"), _fmt(c["compute_compress_ms"], ".0f"),
+              _fmt(c["comm_measured_ms"], ".1f"), _fmt(c["comm_model_ms"], ".1f"),
+              _fmt(c["comm_meas_over_model"]), _fmt(c["step_measured_ms"], ".0f"),
+              _fmt(c["step_model_ms"], ".0f"), _fmt(c["step_meas_over_model"]), c["agreement"]]
+             for c in cost]))
+    return "\n\n".join(parts) + "\n"
+
+
+def plots(runs: Dict[str, Dict], res: Dict, out: str) -> List[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    made = []
+    styles = {"dense": ("black", "-"), "static": (None, "--"), "gravac": (None, "-"),
+              "accordion": (None, ":")}
+    fig, ax = plt.subplots(figsize=(10, 6))
+    cmap = plt.get_cmap("tab20")
+    for i, (n, r) in enumerate(runs.items()):
+        color, ls = styles.get(CONFIGS.get(n, ("static",))[0], (None, "-"))
+        xs = [0.0] + [e["train_time"] for e in r["evals"]]
+        ys = [10.0] + [100 * e["accuracy"] for e in r["evals"]]
+        ax.plot(xs, ys, ls, color=color or cmap(i % 20), lw=2.2 if n == "dense" else 1.6,
+                marker="o", ms=3, label=n)
+    ax.axhline(100 * res["target"], color="grey", lw=1, ls="-.", label=f"target {100 * res['target']:.2f}%")
+    lo = min(100 * res["target"] - 6, 90)
+    ax.set_ylim(lo, 100.5)
+    ax.set_xlabel("training time (s, evaluation excluded)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Accuracy vs wall-clock training time (digits, TinyCNN w64, emulated link)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2, loc="lower right")
+    fig.tight_layout()
+    p = os.path.join(out, "accuracy_vs_time.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    made.append(p)
+
+    rows = [r for r in res["rows"] if r["config"] != "dense"]
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    names = [r["config"] for r in rows]
+    x = list(range(len(names)))
+    w = 0.4
+    sd = [r["speedup_vs_dense"] or 0.0 for r in rows]
+    st = [r["speedup_vs_topk10"] or 0.0 for r in rows]
+    b1 = ax.bar([i - w / 2 for i in x], sd, w, label="vs dense", color="tab:blue")
+    b2 = ax.bar([i + w / 2 for i in x], st, w, label="vs static Top-k 10x", color="tab:orange")
+    for bars, vals in ((b1, sd), (b2, st)):
+        for b, v in zip(bars, vals):
+            ax.text(b.get_x() + b.get_width() / 2, v + 0.02, f"{v:.2f}" if v else "n/r",
+                    ha="center", va="bottom", fontsize=7)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.axhline(TARGET_SPEEDUP_DENSE, color="tab:blue", lw=0.8, ls="--", label="target vs dense (3x)")
+    ax.axhline(TARGET_SPEEDUP_TOPK10, color="tab:orange", lw=0.8, ls="--", label="target vs Top-k 10x (1.5x)")
+    ax.set_xticks(x)
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("time-to-accuracy speedup (higher is better)")
+    ax.set_title("Speedup in time to dense accuracy (n/r = target not reached)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    p = os.path.join(out, "speedups.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    made.append(p)
+
+    rows = res["rows"]
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    names = [r["config"] for r in rows]
+    steps = [max(1, r["steps"] or 1) for r in rows]
+    comp = [1e3 * r["compute_s"] / s for r, s in zip(rows, steps)]
+    cpr = [1e3 * r["compress_s"] / s for r, s in zip(rows, steps)]
+    com = [1e3 * r["comm_s"] / s for r, s in zip(rows, steps)]
+    ax.bar(names, comp, label="compute", color="tab:green")
+    ax.bar(names, cpr, bottom=comp, label="compress", color="tab:purple")
+    ax.bar(names, com, bottom=[a + b for a, b in zip(comp, cpr)], label="communicate", color="tab:red")
+    ax.set_ylabel("mean time per step (ms)")
+    ax.set_title("Per-phase time split per step")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    p = os.path.join(out, "phases.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    made.append(p)
+    return made
+
+
+# --------------------------------------------------------------------------- main
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", help="comma-separated subset of: " + ",".join(CONFIGS))
+    ap.add_argument("--quick", action="store_true",
+                    help=f"~5 min: {','.join(QUICK_CONFIGS)} with {QUICK_STEPS} steps")
+    ap.add_argument("--np", type=int, default=3, help="ranks (3; 2-rank Gloo allgather runs at half rate)")
+    ap.add_argument("--rate", default="100mbit", help="link rate per rank")
+    ap.add_argument("--steps", type=int, default=None, help=f"training steps ({DEFAULT_STEPS})")
+    ap.add_argument("--eval-every", type=int, default=None, help=f"({DEFAULT_EVAL_EVERY})")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
+    ap.add_argument("--tolerance-pp", type=float, default=0.5,
+                    help="time-to-accuracy target: dense final accuracy minus this many points")
+    ap.add_argument("--target", type=float, default=None, help="fixed accuracy target in %% instead")
+    ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--localhost", action="store_true", help="plain localhost ranks, no shaping")
+    ap.add_argument("--report-only", action="store_true", help="analyse the runs already in --out")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(argv)
+
+    names = list(QUICK_CONFIGS) if args.quick else list(CONFIGS)
+    if args.configs:
+        names = [n.strip() for n in args.configs.split(",") if n.strip()]
+        unknown = [n for n in names if n not in CONFIGS]
+        if unknown:
+            ap.error(f"unknown configs {unknown}; known: {','.join(CONFIGS)}")
+    steps = args.steps or (QUICK_STEPS if args.quick else DEFAULT_STEPS)
+    eval_every = args.eval_every or DEFAULT_EVAL_EVERY
+    os.makedirs(args.out, exist_ok=True)
+    runs_root = os.path.join(args.out, "runs")
+
+    skipped, failed = [], []
+    t0 = time.perf_counter()
+    for n in names:
+        why = compressor_available(CONFIGS[n][1])
+        if why:
+            print(f"note: skipping {n}: {why}", flush=True)
+            skipped.append(n)
+            continue
+        if args.report_only:
+            continue
+        meta = run_config(n, os.path.join(runs_root, n), args.np, None if args.localhost else args.rate,
+                          steps, eval_every, args.timeout, args.localhost)
+        if meta["status"] != "ok":
+            failed.append(f"{n} ({meta['status']})")
+
+    runs = {}
+    for n in names:
+        if n in skipped:
+            continue
+        r = load_run(os.path.join(runs_root, n))
+        if r is None:
+            if args.report_only:
+                failed.append(f"{n} (no finished run in {runs_root})")
+            continue
+        runs[n] = r
+    if not runs:
+        log("no run finished")
+        return 1
+    target = args.target / 100.0 if args.target is not None else None
+    res = analyse(runs, args.tolerance_pp, target)
+    targets = check_targets(res)
+    modes = sorted({str(r["mode"]) for r in res["rows"]})
+    nps = sorted({str(r["np"]) for r in res["rows"]})
+    rate = None if args.localhost or modes == ["localhost"] else args.rate
+    cost = cost_model_rows(runs, int(nps[0]), rate) if len(nps) == 1 else []
+    setup = (f"{'/'.join(nps)} ranks, {'/'.join(modes)} mode, link {rate or 'unshaped'}, "
+             f"{' '.join(WORKLOAD)}, {steps} steps, eval every {eval_every}, GraVAC window "
+             f"{GRAVAC_WINDOW}, Accordion interval {ACCORDION_INTERVAL}, shared 2-core machine "
+             f"(1-min load {os.getloadavg()[0]:.1f} at report time)")
+    write_csv(res["rows"], os.path.join(args.out, "results.csv"))
+    write_csv(targets, os.path.join(args.out, "targets.csv"))
+    write_csv(cost, os.path.join(args.out, "cost_model.csv"))
+    md = markdown(res, targets, cost, skipped, failed, setup)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md)
+    made = [] if args.no_plots else plots(runs, res, args.out)
+    print("\n" + md)
+    log(f"wrote {args.out}/results.csv, results.md, targets.csv, cost_model.csv"
+        + (", " + ", ".join(os.path.basename(p) for p in made) if made else "")
+        + f"; benchmark took {time.perf_counter() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
