@@ -7,8 +7,21 @@ horovod_gravac.train --preset digits ...`` in a subprocess with a timeout:
 
 1. ``dense``          dense SGD (plain allreduce), the reference;
 2. ``static-topk100`` Top-k at a fixed CF of 100 (2 % of dense floats: values + indices);
-3. ``gravac-eps0.9``  GraVAC, epsilon 0.9, Exponential policy (the paper's conservative setting);
-4. ``gravac-eps0.7``  GraVAC, epsilon 0.7, Exponential policy, theta_min 20.
+3. ``gravac-eps0.9``  GraVAC, epsilon 0.9, theta 10..1000, Exponential policy (the paper's
+                      conservative setting);
+4. ``gravac-eps0.6``  GraVAC, epsilon 0.6, theta 25..1000, Exponential policy: tuned for this
+                      workload (see below).
+
+Why two GraVAC runs. Floats count values *and* int32 indices, so CF 10 sends 20 % of
+dense and >= 10x fewer floats needs CFs above 20 most of the time. On this tiny CNN,
+Top-k with error feedback keeps a gain (share of the squared norm) of about 0.9 at
+10x, 0.73 at 20x, 0.65 at 25x, 0.6 at 40x and 0.2 at 1000x (see ``gain.png``). With
+epsilon 0.9, GraVAC therefore trains at 10x with dense steps whenever the gain dips
+(about 4x fewer floats). epsilon 0.7 with theta_min 20 gives 9.4x, with theta_min 25
+it falls back to dense too often (5.7x); epsilon 0.6 with theta_min 25 keeps 25x
+and reaches the target. Digits is easy: every run, even static Top-k at 100x, ends
+near dense accuracy, so this run shows the mechanics, not a case where adaptivity is
+needed for accuracy.
 
 All runs use the same seed, data order and number of steps. Then it builds the report
 (:mod:`horovod_gravac.report`: PNG plots, CSV/JSON) in ``--out`` and prints the summary
@@ -38,8 +51,8 @@ RUNS = [
     ("static-topk100", ["--controller", "static", "--compressor", "topk", "--cf", "100"]),
     ("gravac-eps0.9", ["--controller", "gravac", "--compressor", "topk", "--epsilon", "0.9",
                        "--policy", "exponential", "--theta-min", "10", "--theta-max", "1000"]),
-    ("gravac-eps0.7", ["--controller", "gravac", "--compressor", "topk", "--epsilon", "0.7",
-                       "--policy", "exponential", "--theta-min", "20", "--theta-max", "1000"]),
+    ("gravac-eps0.6", ["--controller", "gravac", "--compressor", "topk", "--epsilon", "0.6",
+                       "--policy", "exponential", "--theta-min", "25", "--theta-max", "1000"]),
 ]
 ACCURACY_TOLERANCE = 0.01     # GraVAC within 1 percentage point of dense
 MIN_COMPRESSION = 10.0        # ... with at least 10x fewer floats sent
