@@ -9,14 +9,77 @@ then divides by the number of ranks.
 
 Payloads whose indices are the same on every rank (Random-k with a shared seed)
 skip the indices: a dense allreduce of the k values, 4 bytes per entry.
+
+Bounded waits: every wait here takes a ``timeout`` in seconds (``math.inf``: no
+limit; ``None``: ``$HOROVOD_GRAVAC_TIMEOUT``, else 600 s).  A bounded wait polls
+``hvd.poll(handle)`` until a deadline and then raises :class:`CollectiveTimeoutError`
+naming the collective and the time waited, so a rank whose peer died or stalls
+fails with a clear error instead of hanging.  The
+blocking helpers (``allreduce_mean``, ``broadcast_object``, ``allgather_object``)
+are built from asynchronous collectives plus such a wait.
 """
 from __future__ import annotations
 
+import io
+import math
+import os
+import time
+from typing import Optional
+
+import cloudpickle
 import torch
 
 import horovod.torch as hvd
 
 from .compressors.base import SparsePayload
+
+#: Environment variable read when ``DistributedOptimizer(timeout_s=None)``.
+TIMEOUT_ENV = "HOROVOD_GRAVAC_TIMEOUT"
+#: Seconds a collective may take before the rank gives up (when nothing else is set).
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class CollectiveTimeoutError(TimeoutError):
+    """A collective did not complete within the timeout: a peer rank died or stalls."""
+
+    def __init__(self, name: str, elapsed: float, timeout: float):
+        self.collective, self.elapsed, self.timeout = name, elapsed, timeout
+        try:
+            where = f"rank {hvd.rank()} of {hvd.size()}"
+        except ValueError:   # Horovod not initialized (unit tests)
+            where = "this rank"
+        super().__init__(
+            f"horovod_gravac: collective '{name}' did not complete on {where} "
+            f"after {elapsed:.1f} s (timeout {timeout:g} s). Another rank has "
+            f"probably died or stalled. The job cannot continue from here; restart it (from a "
+            f"checkpoint). The limit is DistributedOptimizer(timeout_s=...) or ${TIMEOUT_ENV}.")
+
+
+def resolve_timeout(timeout_s=None) -> float:
+    """Seconds to wait for a collective (``math.inf``: no limit).
+
+    ``timeout_s`` if given, else ``$HOROVOD_GRAVAC_TIMEOUT``, else 600 s.  A finite
+    number > 0 bounds every wait; ``math.inf`` (or "inf"/"none" in the environment
+    variable) waits forever, as plain Horovod does.
+    """
+    source = "timeout_s"
+    if timeout_s is None:
+        env = os.environ.get(TIMEOUT_ENV, "").strip()
+        if not env:
+            return DEFAULT_TIMEOUT_S
+        source = TIMEOUT_ENV
+        if env.lower() in ("inf", "none", "never"):
+            return math.inf
+        try:
+            timeout_s = float(env)
+        except ValueError:
+            raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds > 0 or 'inf', "
+                             f"got {env!r}") from None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or math.isnan(timeout_s) or timeout_s <= 0:
+        raise ValueError(f"{source} must be a number of seconds > 0 (math.inf: no limit), "
+                         f"got {timeout_s!r}")
+    return float(timeout_s)
 
 
 def rank() -> int:
@@ -52,25 +115,66 @@ def allgather_async(tensor: torch.Tensor, name: str):
     return hvd.allgather_async(tensor, name=name)
 
 
-def wait(handle) -> torch.Tensor:
+def wait(handle, name: str = "collective", timeout: Optional[float] = None) -> torch.Tensor:
+    """The result of an asynchronous collective; raises :class:`CollectiveTimeoutError`
+    rather than wait longer than ``timeout`` seconds (``None``: the default, see
+    :func:`resolve_timeout`; ``math.inf``: no limit)."""
+    if timeout is None:
+        timeout = resolve_timeout(None)
+    if not math.isinf(timeout) and not hvd.poll(handle):
+        start = time.monotonic()
+        deadline, delay = start + timeout, 5e-5
+        while not hvd.poll(handle):
+            now = time.monotonic()
+            if now >= deadline:
+                raise CollectiveTimeoutError(name, now - start, timeout)
+            time.sleep(min(delay, deadline - now))
+            delay = min(2 * delay, 1e-3)   # at most 1 ms of added latency per wait
     return hvd.synchronize(handle)
 
 
-def allreduce_mean(values, name: str) -> torch.Tensor:
+def allreduce_mean(values, name: str, timeout: Optional[float] = None) -> torch.Tensor:
     """Average a small float64 vector across ranks (one collective, blocking)."""
     t = torch.as_tensor(values, dtype=torch.float64)
-    return hvd.allreduce(t, op=hvd.Average, name=name)
+    return wait(hvd.allreduce_async(t, op=hvd.Average, name=name), name, timeout)
 
 
-def allreduce_max(values, name: str) -> torch.Tensor:
+def allreduce_max(values, name: str, timeout: Optional[float] = None) -> torch.Tensor:
     t = torch.as_tensor(values, dtype=torch.float64)
-    return hvd.allreduce(t, op=hvd.Max, name=name)
+    return wait(hvd.allreduce_async(t, op=hvd.Max, name=name), name, timeout)
 
 
-def broadcast_object(obj, name: str):
-    """Rank 0's object on every rank (pickled; every rank must call this)."""
-    return hvd.broadcast_object(obj, root_rank=0, name=name)
+def _to_bytes(obj) -> torch.Tensor:
+    buf = io.BytesIO()
+    cloudpickle.dump(obj, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
 
 
-def allgather_object(obj, name: str):
-    return hvd.allgather_object(obj, name=name)
+def _from_bytes(t: torch.Tensor):
+    return cloudpickle.load(io.BytesIO(t.numpy().tobytes()))
+
+
+def broadcast_object(obj, name: str, timeout: Optional[float] = None):
+    """Rank 0's object on every rank (pickled; every rank must call this).
+    Two broadcasts (size, bytes), each bounded by ``timeout``."""
+    root = hvd.rank() == 0
+    data = _to_bytes(obj) if root else None
+    size_t = torch.tensor([data.numel() if root else 0], dtype=torch.int64)
+    wait(hvd.broadcast_async_(size_t, 0, name=name + ".sz"), name + ".sz", timeout)
+    if not root:
+        data = torch.zeros(int(size_t.item()), dtype=torch.uint8)
+    wait(hvd.broadcast_async_(data, 0, name=name + ".t"), name + ".t", timeout)
+    return obj if root else _from_bytes(data)
+
+
+def allgather_object(obj, name: str, timeout: Optional[float] = None):
+    """Every rank's object, in rank order (two allgathers, each bounded by ``timeout``)."""
+    data = _to_bytes(obj)
+    sizes = wait(hvd.allgather_async(torch.tensor([data.numel()], dtype=torch.int64), name=name + ".sz"),
+                 name + ".sz", timeout).tolist()
+    gathered = wait(hvd.allgather_async(data, name=name + ".t"), name + ".t", timeout)
+    out, start = [], 0
+    for n in sizes:
+        out.append(_from_bytes(gathered[start:start + n]))
+        start += n
+    return out

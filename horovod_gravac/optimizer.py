@@ -85,7 +85,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compressor, controller: Controller,
                  backward_passes_per_step: int = 1, bucket_cap_mb: float = 25.0,
                  check_consistency: bool = True, momentum_correction: Optional[float] = None,
-                 local_clip_norm: Optional[float] = None):
+                 local_clip_norm: Optional[float] = None, timeout_s: Optional[float] = None):
         super(self.__class__, self).__init__(params)
         if not isinstance(controller, Controller):
             raise ValueError(f"controller must be a horovod_gravac controller "
@@ -95,6 +95,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
         if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
+        self._timeout = comm.resolve_timeout(timeout_s)   # seconds per collective (inf: none)
         self.controller = controller
         self.backward_passes_per_step = backward_passes_per_step
         self._compressor_factory = _compressor_factory(compressor)
@@ -141,7 +142,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 "compressor": repr(self._compressor_factory(10.0)),
                 "backward_passes_per_step": self.backward_passes_per_step,
                 "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in trainable]}
-        everyone = comm.allgather_object(mine, name="gravac.consistency")
+        everyone = comm.allgather_object(mine, name="gravac.consistency", timeout=self._timeout)
         for r, theirs in enumerate(everyone):
             for key in mine:
                 if theirs[key] != everyone[0][key]:
@@ -287,8 +288,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     def _lowrank_phase2(self, bucket):
         """Orthonormalize the averaged P, Q = M^T P, and start the Q allreduce."""
-        out = comm.wait(bucket.handle)
         state = bucket.lowrank
+        out = comm.wait(bucket.handle, state["name"] + ".P", self._timeout)
         aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
         q_parts, ps, ofs = [], [], 0
         for s, e, n, m, r, key in state["plan"]:
@@ -312,7 +313,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     def _lowrank_finish(self, bucket) -> torch.Tensor:
         state = bucket.lowrank
-        q_all = comm.wait(bucket.handle) if bucket.handle is not None else None
+        q_all = comm.wait(bucket.handle, state["name"] + ".Q", self._timeout) if bucket.handle is not None else None
         aggregated, g_ef, ofs = state["aggregated"], state["g_ef"], 0
         for (s, e, n, m, r, key), p in zip(state["plan"], state["p"]):
             if n is None:
@@ -358,15 +359,15 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             if bucket.kind == "lowrank":
                 aggregated = self._lowrank_finish(bucket)
             elif bucket.kind == "sparse":
-                out = comm.wait(bucket.handle)
+                out = comm.wait(bucket.handle, f"gravac.bucket.{bucket.index}", self._timeout)
 
                 aggregated = comm.unpack_sum(out, bucket.numel).div_(self._world)
             elif bucket.kind == "shared":
-                out = comm.wait(bucket.handle)
+                out = comm.wait(bucket.handle, f"gravac.bucket.{bucket.index}", self._timeout)
                 aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
                 aggregated.index_copy_(0, bucket.payload.indices.long(), out)
             else:
-                aggregated = comm.wait(bucket.handle)
+                aggregated = comm.wait(bucket.handle, f"gravac.bucket.{bucket.index}", self._timeout)
             for p, (s, e) in zip(bucket.params, bucket.offsets):
                 p.grad.copy_(aggregated[s:e].view_as(p.grad))
             if bucket.kind == "dense" and bucket.launched_finite and bucket.index in self._memory.residuals:
@@ -400,12 +401,12 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             n = self._norms
             glob = comm.allreduce_mean([float(n[0]), float(n[1]), float(n[2]), step_time,
                                         self._grad_sq, acc_sq, float(self._nonfinite > 0)],
-                                       name="gravac.stats").tolist()
+                                       name="gravac.stats", timeout=self._timeout).tolist()
             obs = StepObservation(ef_sq=glob[0], min_sq=glob[1], candidate_sq=glob[2],
                                   step_time=glob[3], samples=float(self._world), grad_sq=glob[4],
                                   accumulated_sq=glob[5] if at_boundary else None, finite=glob[6] == 0.0)
             local = ctrl.observe(obs)
-            agreed = comm.broadcast_object(local, name="gravac.decision")
+            agreed = comm.broadcast_object(local, name="gravac.decision", timeout=self._timeout)
             if agreed != local:
                 warnings.warn(f"horovod_gravac: rank {comm.rank()} decided {local} but rank 0 "
                               f"decided {agreed}; following rank 0")
@@ -560,7 +561,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          controller: Optional[Controller] = None, backward_passes_per_step: int = 1,
                          bucket_cap_mb: float = 25.0, check_consistency: bool = True,
                          momentum_correction: Optional[float] = None,
-                         local_clip_norm: Optional[float] = None):
+                         local_clip_norm: Optional[float] = None,
+                         timeout_s: Optional[float] = None):
     """Wrap ``optimizer`` so gradients are averaged across Horovod ranks with adaptive
     (GraVAC), static or no compression.
 
@@ -581,6 +583,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             momentum-free optimizer when using it. Off by default.
         local_clip_norm: DGC's local gradient clipping: each rank clips each bucket's
             gradient norm to ``local_clip_norm / sqrt(N)`` before error feedback. Off by default.
+        timeout_s: seconds any collective may take before this rank raises
+            ``comm.CollectiveTimeoutError`` (a peer died or stalls) instead of hanging.
+            ``None``: ``$HOROVOD_GRAVAC_TIMEOUT``, else 600; ``math.inf``: no limit.
 
     After each step, ``optimizer.stats`` describes it (see docs/API_CONTRACT.md).
     """
@@ -589,4 +594,4 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                dict(_GravacDistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compressor, controller,
                backward_passes_per_step, bucket_cap_mb, check_consistency,
-               momentum_correction, local_clip_norm)
+               momentum_correction, local_clip_norm, timeout_s)
