@@ -1,0 +1,170 @@
+"""Horovod elastic training with a ``horovod_gravac.DistributedOptimizer``.
+
+Use this module's :class:`TorchState` where Horovod's documentation uses
+``hvd.elastic.TorchState``::
+
+    import horovod.torch as hvd
+    import horovod_gravac as hg
+    from horovod_gravac.elastic import TorchState
+
+    hvd.init()
+    opt = hg.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(),
+                                  controller=hg.GraVAC(theta_min=10, theta_max=1000))
+    state = TorchState(model=model, optimizer=opt, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            ...
+            state.commit()
+
+    train(state)
+
+What happens to GraVAC's state at each elastic event:
+
+- ``save()`` / ``commit()``: every rank keeps, in host memory, a copy of its model,
+  its base optimizer state, the controller state, the step index (Random-k's shared
+  seed depends on it) and *its own* error-feedback residuals.
+- ``restore()`` (after a ``HorovodInternalError``): every rank goes back to its last
+  commit, residuals included, and forgets the buckets that were in flight.
+- ``reset()`` (after every membership change, before ``sync``): residuals are zeroed
+  on every rank (the residuals of a rank that left are gone, and data shards move
+  between ranks, so the only state every rank can agree on is "nothing pending"),
+  Accordion's interval sums and PowerSGD's warm starts are cleared, the world size is
+  re-read, GraVAC's EWMA factor (the paper's N/100) follows the new N, and when N
+  changed its throughput table is emptied (throughput measured with another number of
+  workers is not comparable).  The CF ladder position (theta_min, candidate) is kept.
+- ``sync()`` (at start-up and after a reset): rank 0's model, base optimizer state,
+  controller state and step index are broadcast, so every rank (new ones included)
+  takes the same next decision.  Residuals are not broadcast: each rank keeps its
+  own, which are zero after a reset.
+
+Why not ``hvd.elastic.TorchState`` as is: its optimizer handler syncs with
+``hvd.broadcast_optimizer_state``, which calls ``optimizer.step()`` on a rank whose
+optimizer state is still empty (a worker that just joined).  For this optimizer a
+step is a set of collectives that the other ranks do not call, so the job would hang
+(until the optimizer's ``timeout_s``).  Horovod's handler also restores by loading
+the saved state dict itself, and ``torch.optim.Optimizer.load_state_dict`` keeps the
+saved tensors (no copy), so training after a restore would overwrite the snapshot.
+The handler here copies.
+"""
+from __future__ import annotations
+
+import copy
+
+import horovod.torch as hvd
+from horovod.torch.elastic.state import StateHandler
+
+from . import comm
+from .throughput import ThroughputTable
+
+__all__ = ["TorchState", "GravacOptimizerStateHandler", "is_gravac_optimizer",
+           "reset_for_new_world", "clear_in_flight", "sync_optimizer_state"]
+
+
+def is_gravac_optimizer(obj) -> bool:
+    """True for an optimizer returned by ``horovod_gravac.DistributedOptimizer``."""
+    return callable(getattr(obj, "gravac_state_dict", None)) and hasattr(obj, "_buckets")
+
+
+def clear_in_flight(optimizer) -> None:
+    """Forget a step that was interrupted (buckets launched, collectives never finished).
+
+    After a ``HorovodInternalError`` the handles of the interrupted step are dead; the
+    next ``zero_grad()`` would otherwise refuse to run ("called before step()")."""
+    for bucket in optimizer._buckets:
+        bucket.reset()
+        if getattr(bucket, "lowrank", None) is not None:
+            bucket.lowrank = None
+    for p in optimizer._delay:
+        optimizer._delay[p] = optimizer.backward_passes_per_step
+    optimizer._reset_step_counters()
+    optimizer._step_start = None
+    optimizer._synchronized = False
+
+
+def _apply_world_size(optimizer, n: int) -> bool:
+    changed = n != optimizer._world
+    optimizer._world = n
+    ctrl = optimizer.controller
+    if hasattr(ctrl, "set_world_size"):
+        ctrl.set_world_size(n)   # GraVAC: EWMA factor N/100 unless ewma_alpha was given
+    return changed
+
+
+def reset_for_new_world(optimizer) -> None:
+    """Make the optimizer fit the current Horovod world (call on every rank after
+    ``hvd.shutdown(); hvd.init()``).  See the module docstring for what is reset."""
+    clear_in_flight(optimizer)
+    optimizer._memory.reset()                  # residuals: zero on every rank
+    for bucket in optimizer._buckets:
+        if bucket.accumulated is not None:     # Accordion's sum over the interval
+            bucket.accumulated.zero_()
+    lowrank_q = getattr(optimizer, "_lowrank_q", None)
+    if lowrank_q:                              # PowerSGD warm starts: back to the seeded Q
+        lowrank_q.clear()
+    if _apply_world_size(optimizer, comm.size()) and hasattr(optimizer.controller, "throughput"):
+        optimizer.controller.throughput = ThroughputTable()
+
+
+def sync_optimizer_state(optimizer, root_rank: int = 0) -> None:
+    """Every rank takes rank 0's base optimizer state, controller state and step index;
+    each keeps its own residuals.  One ``broadcast_object`` bounded by the optimizer's
+    ``timeout_s``.  Every rank must call it."""
+    if root_rank != 0:
+        raise ValueError(f"root_rank must be 0 (decisions are always rank 0's), got {root_rank!r}")
+    state = optimizer.state_dict()
+    gravac = state.pop("gravac")
+    shared = {"optimizer": state, "controller": gravac["controller"], "step": gravac["step"]}
+    shared = comm.broadcast_object(shared, name="gravac.elastic.sync",
+                                   timeout=getattr(optimizer, "_timeout", None))
+    merged = dict(shared["optimizer"])
+    merged["gravac"] = {"controller": shared["controller"], "residuals": gravac["residuals"],
+                        "step": shared["step"]}
+    optimizer.load_state_dict(merged)
+    _apply_world_size(optimizer, comm.size())
+
+
+class GravacOptimizerStateHandler(StateHandler):
+    """``hvd.elastic`` state handler for a ``horovod_gravac.DistributedOptimizer``."""
+
+    def __init__(self, optimizer):
+        if not is_gravac_optimizer(optimizer):
+            raise ValueError(f"optimizer must come from horovod_gravac.DistributedOptimizer, "
+                             f"got {type(optimizer).__name__}")
+        super().__init__(optimizer)
+        self._saved = copy.deepcopy(optimizer.state_dict())
+
+    def save(self):
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self):
+        clear_in_flight(self.value)
+        # load_state_dict keeps the given tensors: hand it a copy, keep the snapshot intact.
+        self.value.load_state_dict(copy.deepcopy(self._saved))
+
+    def sync(self):
+        sync_optimizer_state(self.value)
+
+    def reset(self):
+        reset_for_new_world(self.value)
+
+
+class TorchState(hvd.elastic.TorchState):
+    """``hvd.elastic.TorchState`` that also saves, restores, syncs and resets the
+    GraVAC controller, the step index and the error-feedback residuals of every
+    ``horovod_gravac.DistributedOptimizer`` among its arguments (other models,
+    optimizers and values are handled exactly as Horovod does)."""
+
+    def __init__(self, model=None, optimizer=None, **kwargs):
+        super().__init__(model=model, optimizer=optimizer, **kwargs)
+        for name, handler in list(self._handlers.items()):
+            if is_gravac_optimizer(handler.value) and not isinstance(handler, GravacOptimizerStateHandler):
+                self._handlers[name] = GravacOptimizerStateHandler(handler.value)
+
+    def reset(self):
+        for handler in self._handlers.values():
+            if isinstance(handler, GravacOptimizerStateHandler):
+                handler.reset()
+        super().reset()
