@@ -92,26 +92,35 @@ class ImageData:
         return int(self.train_x.shape[-1])
 
     def prepare(self, x: torch.Tensor, train: bool, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-        """Turn a stored batch into the network's float input (normalise, augment if training)."""
+        """Turn a stored batch into the network's float input (augment if training, normalise).
+
+        Augmentation runs on the stored pixels, before normalisation, so padding is black
+        (0), as in the usual CIFAR pipeline (pad the image, crop, flip, then normalise).
+        """
+        if train and self.augment:
+            x = random_crop_flip(x, pad=4, generator=generator)
         if x.dtype == torch.uint8:
             x = x.float().div_(255.0)
             x = (x - self.mean.view(1, -1, 1, 1)) / self.std.view(1, -1, 1, 1)
-        if train and self.augment:
-            x = random_crop_flip(x, pad=4, generator=generator)
         return x
 
 
 def random_crop_flip(x: torch.Tensor, pad: int = 4, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """Standard CIFAR augmentation for a whole batch at once: zero-pad, random crop, random h-flip."""
+    """Standard CIFAR augmentation for a whole batch at once: zero-pad, random crop, random h-flip.
+
+    One ``gather`` over the padded images (the crop offset and the flip are folded
+    into the gather indices) instead of per-pixel advanced indexing.
+    """
     b, c, h, w = x.shape
-    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
-    oy = torch.randint(0, 2 * pad + 1, (b,), generator=generator)
-    ox = torch.randint(0, 2 * pad + 1, (b,), generator=generator)
-    rows = (oy[:, None] + torch.arange(h)[None, :])[:, None, :, None]
-    cols = (ox[:, None] + torch.arange(w)[None, :])[:, None, None, :]
-    out = padded[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
-    flip = torch.rand(b, generator=generator) < 0.5
-    return torch.where(flip[:, None, None, None], out.flip(3), out)
+    hp, wp = h + 2 * pad, w + 2 * pad
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad)).reshape(b, c, hp * wp)
+    oy = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator)
+    ox = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator)
+    flip = torch.rand(b, 1, generator=generator) < 0.5
+    cols = torch.where(flip, torch.arange(w - 1, -1, -1), torch.arange(w)) + ox      # b x w
+    rows = torch.arange(h) + oy                                                       # b x h
+    lin = (rows[:, :, None] * wp + cols[:, None, :]).reshape(b, 1, h * w).expand(b, c, h * w)
+    return padded.gather(2, lin).reshape(b, c, h, w)
 
 
 def _missing(dataset: str, path: str, expected: Sequence[str], where: str) -> DatasetNotFound:

@@ -84,7 +84,7 @@ DEFAULTS: Dict[str, Any] = dict(
     steps=200, eval_every=50, batch_size=32, eval_batch_size=None, lr=0.1, momentum=0.9,
     weight_decay=1e-4, lr_milestones="", lr_gamma=0.1, warmup_steps=0, clip_norm=None,
     momentum_correction=False, local_clip_norm=None,
-    bptt=35, width=None, blocks=None, dropout=None, tie_weights=False, seed=42, out=None,
+    bptt=35, width=None, blocks=None, dropout=None, tie_weights=None, seed=42, out=None,
     threads=None, log_every=None, max_eval_batches=None)
 
 
