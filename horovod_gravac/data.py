@@ -83,6 +83,14 @@ class ImageData:
     augment: bool = False                 # random crop (pad 4) + horizontal flip on training batches
     class_names: Optional[List[str]] = None
 
+    def to(self, device) -> "ImageData":
+        """Move the stored images (and statistics) to ``device``, e.g. the rank's GPU."""
+        for name in ("train_x", "train_y", "test_x", "test_y", "mean", "std"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.to(device))
+        return self
+
     @property
     def in_channels(self) -> int:
         return int(self.train_x.shape[1])
@@ -114,11 +122,13 @@ def random_crop_flip(x: torch.Tensor, pad: int = 4, generator: Optional[torch.Ge
     b, c, h, w = x.shape
     hp, wp = h + 2 * pad, w + 2 * pad
     padded = torch.nn.functional.pad(x, (pad, pad, pad, pad)).reshape(b, c, hp * wp)
-    oy = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator)
-    ox = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator)
-    flip = torch.rand(b, 1, generator=generator) < 0.5
-    cols = torch.where(flip, torch.arange(w - 1, -1, -1), torch.arange(w)) + ox      # b x w
-    rows = torch.arange(h) + oy                                                       # b x h
+    # Random draws on the CPU generator (reproducible anywhere); indices built on x's device.
+    oy = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator).to(x.device)
+    ox = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator).to(x.device)
+    flip = (torch.rand(b, 1, generator=generator) < 0.5).to(x.device)
+    ar = torch.arange(w, device=x.device)
+    cols = torch.where(flip, ar.flip(0), ar) + ox                                    # b x w
+    rows = torch.arange(h, device=x.device) + oy                                      # b x h
     lin = (rows[:, :, None] * wp + cols[:, None, :]).reshape(b, 1, h * w).expand(b, c, h * w)
     return padded.gather(2, lin).reshape(b, c, h, w)
 
@@ -277,7 +287,7 @@ class ShardedBatches:
             self._order = shard_indices(self.data.train_x.shape[0], self.rank, self.size, self.epoch,
                                         self.seed, self.batch_size)
             self._pos = 0
-        idx = self._order[self._pos:self._pos + self.batch_size]
+        idx = self._order[self._pos:self._pos + self.batch_size].to(self.data.train_x.device)
         self._pos += self.batch_size
         x = self.data.prepare(self.data.train_x.index_select(0, idx), train=True, generator=self._gen)
         return x, self.data.train_y.index_select(0, idx)

@@ -85,7 +85,7 @@ DEFAULTS: Dict[str, Any] = dict(
     weight_decay=1e-4, lr_milestones="", lr_gamma=0.1, warmup_steps=0, clip_norm=None,
     momentum_correction=False, local_clip_norm=None,
     bptt=35, width=None, blocks=None, dropout=None, tie_weights=None, seed=42, out=None,
-    threads=None, log_every=None, max_eval_batches=None)
+    threads=None, device="auto", log_every=None, max_eval_batches=None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--tie-weights", action="store_true", default=None, help="LSTM: tie embedding/decoder")
     t.add_argument("--seed", type=int, help="model init, data order, augmentation (42)")
     t.add_argument("--threads", type=int, help="torch threads per rank (default: cores / local ranks)")
+    t.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                   help="auto: the rank's GPU (local rank) when CUDA is available, else the CPU")
     t.add_argument("--max-eval-batches", type=int, help="cap evaluation batches per rank (smoke tests)")
     o = p.add_argument_group("output")
     o.add_argument("--out", help="run directory (default runs/<model>-<controller>-<time>)")
@@ -431,6 +433,13 @@ def train(args) -> dict:
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // max(1, hvd.local_size())))
     torch.manual_seed(args.seed)
     is_root = rank == 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: CUDA is not available in this torch build / on this machine")
+    if args.device != "cpu" and torch.cuda.is_available():
+        torch.cuda.set_device(hvd.local_rank())
+        device = torch.device("cuda", hvd.local_rank())
+    else:
+        device = torch.device("cpu")
     log = RunLog(args.out, is_root)
     text = args.dataset in gdata.TEXT_DATASETS
 
@@ -439,21 +448,22 @@ def train(args) -> dict:
     if text:
         corpus = gdata.load_text_dataset(args.dataset, args.data)
         train_stream = gdata.BPTTStream(
-            gdata.batchify_for_rank(corpus.train, args.batch_size, rank, size), args.bptt)
-        eval_streams = gdata.batchify_for_rank(corpus.test, args.eval_batch_size, rank, size)
+            gdata.batchify_for_rank(corpus.train, args.batch_size, rank, size).to(device), args.bptt)
+        eval_streams = gdata.batchify_for_rank(corpus.test, args.eval_batch_size, rank, size).to(device)
         model = build_model(args.model, vocab_size=corpus.vocab_size, width=args.width,
                             dropout=args.dropout, tie_weights=args.tie_weights)
         data_info = {"vocab_size": corpus.vocab_size, "train_tokens": corpus.train.numel(),
                      "test_tokens": corpus.test.numel(),
                      "windows_per_epoch": train_stream.windows_per_epoch}
     else:
-        ds = gdata.load_image_dataset(args.dataset, args.data)
+        ds = gdata.load_image_dataset(args.dataset, args.data).to(device)
         batches = gdata.ShardedBatches(ds, args.batch_size, rank, size, seed=args.seed)
         model = build_model(args.model, num_classes=ds.num_classes, width=args.width,
                             in_channels=ds.in_channels, image_size=ds.image_size, blocks=args.blocks)
         data_info = {"num_classes": ds.num_classes, "train_samples": ds.train_x.shape[0],
                      "test_samples": ds.test_x.shape[0], "batches_per_epoch": batches.batches_per_epoch}
     load_time = time.perf_counter() - t0
+    model.to(device)
 
     opt, base_opt = make_optimizer(args, model)
     # Same initial model everywhere; the optimizer state (momentum) starts empty on every rank.
@@ -463,6 +473,7 @@ def train(args) -> dict:
     config = {k: v for k, v in vars(args).items()}
     config.update({"world_size": size, "parameters": count_parameters(model), "data": data_info,
                    "data_load_seconds": load_time, "torch_threads": torch.get_num_threads(),
+                   "device_used": str(device),
                    "task": "language_model" if text else "classification",
                    "controller_config": getattr(getattr(opt, "controller", None), "config", lambda: None)()})
     log.write_json("config.json", config)
