@@ -597,7 +597,11 @@ def build_summary(args, evals, totals, cf_steps, wall, eval_time, load_time, siz
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = resolve_args(argv)
-    train(args)
+    try:
+        train(args)
+    except gdata.DatasetNotFound as e:   # say what to put where, without a traceback
+        print(f"gravac-train: error: {e}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 

@@ -73,6 +73,15 @@ def test_kde_is_gaussian_in_log10_with_bandwidth_0_1():
     assert peak10 == pytest.approx(0.75 / (0.1 * np.sqrt(2 * np.pi)), rel=1e-3)  # 3/4 of the mass, sd 0.1
 
 
+def test_missing_dataset_is_a_clear_error_not_a_traceback(tmp_path):
+    pytest.importorskip("horovod.torch")
+    proc = subprocess.run([sys.executable, "-m", "horovod_gravac.train", "--preset", "resnet101-cifar10",
+                           "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "data_batch_1" in proc.stderr and "missing" in proc.stderr and "Traceback" not in proc.stderr
+
+
 # --------------------------------------------------------------------------- 2 ranks
 def _horovodrun():
     cand = Path(sys.executable).parent / "horovodrun"
