@@ -158,7 +158,9 @@ def find_reference(run: Run, runs: Sequence[Run]) -> Optional[Run]:
 def format_table(rows: List[dict]) -> str:
     """Markdown table of run summaries (accuracy in %, difference in percentage points)."""
     lm = any("perplexity" in r for r in rows)
-    head = ["run", "final acc / ppl" if lm else "final acc", "diff vs dense" + (" (pp / ppl)" if lm else " (pp)"),
+    both = lm and any("accuracy" in r for r in rows)
+    head = ["run", "final acc / ppl" if both else "final ppl" if lm else "final acc",
+            "diff vs dense" + (" (pp / ppl)" if both else " (ppl)" if lm else " (pp)"),
             "floats sent / dense", "compression", "mean CF", "time (s)", "loader %"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
@@ -207,6 +209,7 @@ def make_report(run_dirs: Sequence[str], out: str, labels: Optional[Sequence[str
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401  (log-axis tick labels)
 
     runs = [Run(d, labels[i] if labels and i < len(labels) else None) for i, d in enumerate(run_dirs)]
     os.makedirs(out, exist_ok=True)
@@ -246,7 +249,10 @@ def make_report(run_dirs: Sequence[str], out: str, labels: Optional[Sequence[str
         ax.set_xlabel("iteration")
         if lm:
             ax.set_ylabel("test perplexity (lower is better)")
-            ax.set_yscale("log")
+            ppl = [e["perplexity"] for r in group for e in r.evals if e.get("perplexity")]
+            if ppl and max(ppl) / max(min(ppl), 1e-9) > 20:   # early perplexities are huge
+                ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         else:
             ax.set_ylabel("test accuracy (%)")
             lows = [100 * e["accuracy"] for r in group for e in r.evals[len(r.evals) // 3:]]
@@ -395,7 +401,7 @@ def make_report(run_dirs: Sequence[str], out: str, labels: Optional[Sequence[str
             continue
         x = r.step_index
         sent, dense = np.nansum(r.col("floats_sent", 0.0)), np.nansum(r.col("dense_floats", 0.0))
-        tag = f" ({dense / sent:.1f}x fewer)" if sent > 0 and dense > 0 else ""
+        tag = f" ({dense / sent:.1f}x fewer)" if sent > 0 and dense > 0 and r.controller != "dense" else ""
         ax.plot(x, np.cumsum(r.col("floats_sent", 0.0)), label=r.label + tag, color=colors[r.label],
                 ls=styles[r.label][0])
         workload = (r.config.get("model"), r.config.get("dataset"))
