@@ -160,7 +160,8 @@ class GraVAC(Controller):
             raise ValueError(f"omega must be a finite number >= 0, got {omega!r}")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be an integer >= 1, got {window!r}")
-        if ewma_alpha is not None and not (isinstance(ewma_alpha, (int, float)) and 0.0 < ewma_alpha <= 1.0):
+        if ewma_alpha is not None and (isinstance(ewma_alpha, bool) or not isinstance(ewma_alpha, (int, float))
+                                       or not 0.0 < ewma_alpha <= 1.0):
             raise ValueError(f"ewma_alpha must be in (0, 1] or None, got {ewma_alpha!r}")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
@@ -304,7 +305,8 @@ class Accordion(Controller):
         self.high_cf = check_cf(high_cf, "high_cf")
         if self.high_cf < self.low_cf:
             raise ValueError(f"high_cf ({high_cf}) must be >= low_cf ({low_cf})")
-        if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
+        if isinstance(threshold, bool) or not (isinstance(threshold, (int, float))
+                                               and math.isfinite(threshold) and threshold > 0):
             raise ValueError(f"threshold must be a finite number > 0, got {threshold!r}")
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"interval must be an integer >= 1, got {interval!r}")

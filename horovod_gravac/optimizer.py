@@ -93,8 +93,9 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
                 or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
-        if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
-            raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
+        if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
+                or not 0 < bucket_cap_mb < float("inf"):
+            raise ValueError(f"bucket_cap_mb must be a finite number > 0, got {bucket_cap_mb!r}")
         self._timeout = comm.resolve_timeout(timeout_s)   # seconds per collective (inf: none)
         self.controller = controller
         self.backward_passes_per_step = backward_passes_per_step

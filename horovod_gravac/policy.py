@@ -55,7 +55,8 @@ class Geometric(ScalingPolicy):
     name = "geometric"
 
     def __init__(self, ratio: float = 2.0):
-        if not ratio > 1.0:
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 1.0 \
+                or ratio == float("inf"):
             raise ValueError(f"geometric ratio must be > 1, got {ratio!r}")
         self.ratio = float(ratio)
 

@@ -1,10 +1,12 @@
 """Random-k: keep k entries chosen uniformly at random.
 
-Indices are drawn by *stratified* sampling: the flat tensor is cut into k equal
-strata (real-valued boundaries, so every entry, the last one included, lies in
-one) and one position is drawn per stratum.  That costs O(k), never touches the
-other entries, gives every entry the same chance k/numel, and never repeats an
-index, so decompression and error feedback need no de-duplication.
+Indices are drawn by *stratified* sampling: the flat tensor is cut into k
+contiguous strata with integer boundaries ``floor(i * numel / k)`` (every entry,
+the last one included, lies in exactly one; each holds floor or ceil of numel/k
+entries) and one position is drawn uniformly inside each.  That costs O(k), never
+touches the other entries, gives every entry a chance of about k/numel, and never
+repeats an index, so the sparse allgather's ``index_add_`` and error feedback need
+no de-duplication.
 
 When ``seed`` is given, the draw comes from a private ``torch.Generator`` seeded
 with ``(seed, step, bucket)``: every rank that uses the same seed and calls
@@ -23,10 +25,11 @@ def stratified_indices(numel: int, k: int, generator: torch.Generator, device=No
     """``k`` unique sorted indices in ``[0, numel)``, one uniform draw per stratum."""
     if k >= numel:
         return torch.arange(numel, device=device)
-    stride = numel / k
-    offsets = torch.rand(k, generator=generator, dtype=torch.float64, device=device)
-    positions = (torch.arange(k, dtype=torch.float64, device=device) + offsets) * stride
-    return positions.floor_().clamp_(max=numel - 1).to(torch.int64)
+    bounds = torch.arange(k + 1, dtype=torch.int64, device=device) * numel // k
+    sizes = bounds[1:] - bounds[:-1]                   # >= 1 because k <= numel
+    u = torch.rand(k, generator=generator, dtype=torch.float64, device=device)
+    offsets = (u * sizes).floor_().to(torch.int64).clamp_(max=sizes - 1)
+    return bounds[:-1] + offsets
 
 
 class RandomKCompressor(SparseCompressor):
@@ -43,12 +46,18 @@ class RandomKCompressor(SparseCompressor):
 
     def __init__(self, cf: float = 100.0, seed: int = 1234):
         super().__init__(cf)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed must be an integer (shared by all ranks) or None, got {seed!r}")
         self.seed = seed
         self.shared_indices = seed is not None
         self._step = 0
         self._stream = 0
         self._generator = torch.Generator()
         self._generator.manual_seed(0 if seed is None else int(seed))
+
+    def __repr__(self) -> str:
+        # The seed is part of the identity: ranks with different seeds must not pair up.
+        return f"RandomKCompressor(cf={self.cf:g}, seed={self.seed})"
 
     def set_step(self, step: int, stream: int = 0) -> None:
         """Re-seed for (step, stream): the same on every rank, so indices agree."""
