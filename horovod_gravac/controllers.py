@@ -251,7 +251,7 @@ class GraVAC(Controller):
         # ScalingPolicy: the next rung of the ladder, never past theta_max.
         candidate = self.policy.next_cf(max(evaluated, self.theta_min), self.theta_min0, self.theta_max)
         # Stop rule: the two best compression throughputs within omega -> keep the lower CF.
-        ideal = self.throughput.saturated_cf(self.omega)
+        ideal = self.throughput.saturated_cf(self.omega, min_cf=self.theta_min)
         if ideal is not None:
             candidate = max(ideal, self.theta_min)
         if candidate != self.candidate_cf:

@@ -30,12 +30,15 @@ class ThroughputTable:
             self.compression[cf] = comp_sum / n
         self._window.clear()
 
-    def saturated_cf(self, omega: float) -> Optional[float]:
-        """If the two best compression throughputs are within ``omega`` (relative), the
-        lower of their two CFs (more compression no longer pays); else ``None``."""
-        if len(self.compression) < 2:
+    def saturated_cf(self, omega: float, min_cf: float = 1.0) -> Optional[float]:
+        """If the two best compression throughputs among CFs >= ``min_cf`` are within
+        ``omega`` (relative), the lower of their two CFs (more compression no longer
+        pays); else ``None``.  Dense (CF 1, e.g. the first step) and CFs below the
+        current theta_min are not candidates, so they never take part."""
+        eligible = [(cf, t) for cf, t in self.compression.items() if cf >= min_cf and cf > 1.0]
+        if len(eligible) < 2:
             return None
-        (cf_a, best), (cf_b, second) = sorted(self.compression.items(), key=lambda kv: kv[1])[-1:-3:-1]
+        (cf_a, best), (cf_b, second) = sorted(eligible, key=lambda kv: kv[1])[-1:-3:-1]
         if second <= 0.0:
             return None
         if abs(best - second) / second <= omega:

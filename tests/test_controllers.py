@@ -145,3 +145,16 @@ def test_accordion_switches_low_in_critical_regimes_and_high_otherwise():
     assert cfs == [4, 64, 4, 64]
     with pytest.raises(ValueError, match="high_cf"):
         Accordion(low_cf=100, high_cf=10)
+
+
+def test_dense_first_step_never_wins_the_stop_rule():
+    """Step 0 is sent dense; its throughput entry (CF 1) may be within omega of theta_min's.
+    That must not count as saturation (it would reset the candidate to theta_min)."""
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.5, omega=0.05, window=5,
+                  policy="geometric", ewma_alpha=1.0)
+    # dense and 10x give the same compression throughput; higher CFs do better
+    t_comp = lambda cf: 100.0 if cf <= 10 else 100.0 * cf / 10
+    gain = lambda cf: 0.9 if cf == 10 else 0.8
+    drive(ctrl, 30, gain, lambda cf: t_comp(cf) / (1.0 if cf == 1 else gain(cf)))
+    assert [h["saturated_at"] for h in ctrl.history] == [None] * 6
+    assert candidates_per_window(ctrl) == [10, 20, 40, 80, 160, 320]
