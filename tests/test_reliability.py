@@ -111,7 +111,6 @@ GAPS = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="validation gap outside issue 7's files (see report)")
 @pytest.mark.parametrize("build,name", GAPS)
 def test_validation_gaps(build, name):
     with pytest.raises(ValueError, match=name):
@@ -143,8 +142,7 @@ def _opt(**kw):
     (dict(timeout_s=float("nan")), "timeout_s"),
     (dict(timeout_s="10"), "timeout_s"),
     (dict(timeout_s=True), "timeout_s"),
-    pytest.param(dict(bucket_cap_mb=float("inf")), "bucket_cap_mb",
-                 marks=pytest.mark.xfail(strict=True, reason="gap: OverflowError (optimizer.py)")),
+    (dict(bucket_cap_mb=float("inf")), "bucket_cap_mb"),
 ])
 def test_optimizer_arguments_are_validated(hvd1, kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -267,8 +265,6 @@ def test_reliability_checks(np_):
         f"{np_} ranks: rc={proc.returncode}, failed/missing {missing}\n{proc.stdout[-6000:]}"
 
 
-@pytest.mark.xfail(strict=True, reason="gap: RandomKCompressor's repr omits the seed, so the start-up "
-                                       "check misses it and ranks silently diverge (compressors/randomk.py)")
 def test_randomk_seed_mismatch_is_detected():
     proc = run_ranks(2, CHECKS, "gap_randomk_seed_mismatch", timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -277,13 +273,15 @@ def test_randomk_seed_mismatch_is_detected():
 def test_checkpoint_resume_is_bitwise_identical(tmp_path):
     """Job 1: N+M uninterrupted steps, checkpoint at N (each rank its own file). Job 2 (a
     fresh horovodrun): load, M steps; parameters, CFs and controller state must be
-    identical bit for bit, for static Top-k, GraVAC, static Random-k and GraVAC Random-k."""
+    identical bit for bit, for static Top-k, GraVAC, static Random-k and GraVAC Random-k
+    (and PowerSGD, SIDCo, DGC, RedSync when present; known gaps are printed as GAP)."""
     ref = run_ranks(2, CHECKS, "ckpt_reference", tmp_path, timeout=300)
     assert ref.returncode == 0 and "PASS ckpt_reference" in ref.stdout, ref.stdout[-6000:]
-    assert len(list(tmp_path.glob("*.ckpt.rank*.pt"))) == 8
+    assert len(list(tmp_path.glob("*.ckpt.rank*.pt"))) >= 8
     res = run_ranks(2, CHECKS, "ckpt_resume", tmp_path, timeout=300)
     assert res.returncode == 0 and "PASS ckpt_resume" in res.stdout, res.stdout[-6000:]
-    assert res.stdout.count("bitwise identical") == 4
+    for cfg in ("static_topk", "gravac_topk", "static_randomk", "gravac_randomk"):
+        assert f"RESUMED {cfg} bitwise identical" in res.stdout, res.stdout[-6000:]
 
 
 # ---------------------------------------------------------------- item 4: faults

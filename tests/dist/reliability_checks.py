@@ -19,7 +19,7 @@ import torch
 
 import horovod.torch as hvd
 import horovod_gravac as hg
-from horovod_gravac import comm
+from horovod_gravac import comm, compressors
 from horovod_gravac.compressors import RandomKCompressor, TopKCompressor, kept_count
 from horovod_gravac.elastic import TorchState
 
@@ -302,7 +302,7 @@ N_STEPS, M_STEPS = 7, 6
 
 
 def _ckpt_configs():
-    return {
+    configs = {
         "static_topk": lambda: dict(controller=hg.StaticCF(20), compressor=TopKCompressor),
         "gravac_topk": lambda: dict(controller=StepTimedGraVAC(theta_min=2, theta_max=256, epsilon=0.2,
                                                                window=3, policy="geometric")),
@@ -311,6 +311,33 @@ def _ckpt_configs():
                                                                   window=3, policy="geometric"),
                                        compressor=RandomKCompressor(cf=2, seed=7)),
     }
+    extra = {"PowerSGDCompressor": ("powersgd_static", lambda c: dict(controller=hg.StaticCF(4), compressor=c)),
+             "SIDCoCompressor": ("sidco_static", lambda c: dict(controller=hg.StaticCF(20), compressor=c)),
+             "DGCCompressor": ("dgc_static", lambda c: dict(controller=hg.StaticCF(20), compressor=c)),
+             "RedSyncCompressor": ("redsync_static", lambda c: dict(controller=hg.StaticCF(20), compressor=c))}
+    if hasattr(compressors, "DGCCompressor"):
+        dgc = compressors.DGCCompressor
+        extra["DGCCompressor-sampled"] = (   # a sample smaller than the bucket: the generator matters
+            "dgc_sampled", lambda c: dict(controller=hg.StaticCF(20), bucket_cap_mb=64, compressor=lambda cf: dgc(
+                cf=cf, sample_ratio=0.05, min_sample_hits=10)))   # 6.8k entries, sample of 4096
+        extra["RedSyncCompressor-sampled"] = (
+            "redsync_sampled", lambda c: dict(controller=hg.StaticCF(20), bucket_cap_mb=64, compressor=lambda cf: c(
+                cf=cf, sample_ratio=0.05, min_sample_hits=10)))
+        extra["DGCCompressor-momentum"] = (
+            "dgc_momentum", lambda c: dict(controller=hg.StaticCF(20), compressor=dgc, momentum_correction=0.9))
+    for cls_name, (cfg, make) in extra.items():
+        if hasattr(compressors, cls_name.split("-")[0]):
+            configs[cfg] = (lambda make=make, c=getattr(compressors, cls_name.split("-")[0]): make(c))
+    return configs
+
+
+# Resume gaps in files outside issue 7 (reported): the check prints GAP while the resumed
+# run differs and fails once it is identical, so the entry gets removed then.
+KNOWN_RESUME_GAPS = {
+    "dgc_sampled": "DGC's private generator advances per call and is not in the state dict",
+    "redsync_sampled": "RedSync's private generator advances per call and is not in the state dict",
+    "dgc_momentum": "momentum-correction velocities are not in the state dict",
+}
 
 
 def _ckpt_path(root, cfg, what):
@@ -360,6 +387,12 @@ def check_ckpt_resume(root):
     for cfg, make in _ckpt_configs().items():
         ref = torch.load(_ckpt_path(root, cfg, "final"), weights_only=False)
         params, cfs, ctrl_state, step = _resume(root, cfg, make)
+        if cfg in KNOWN_RESUME_GAPS:
+            identical = hvd.allgather_object(torch.equal(params, ref["params"]), name=f"gap.{cfg}")
+            assert not all(identical), f"{cfg} now resumes bit for bit: remove it from KNOWN_RESUME_GAPS"
+            say(f"GAP {cfg}: resumed parameters differ by {(params - ref['params']).abs().max().item():.2e} "
+                f"({KNOWN_RESUME_GAPS[cfg]})")
+            continue
         assert cfs == ref["cfs"][N_STEPS:], f"{cfg}: CFs after resume {cfs} vs {ref['cfs'][N_STEPS:]}"
         diff = (params - ref["params"]).abs().max().item()
         assert torch.equal(params, ref["params"]), f"{cfg}: resumed parameters differ by {diff}"
