@@ -1,8 +1,12 @@
 """Gradient compressors, each a ``horovod.torch.compression.Compressor`` subclass."""
 from .base import SparseCompressor, SparseContext, SparsePayload, check_cf, kept_count
+from .dgc import DGCCompressor
 from .powersgd import PowerSGDCompressor
 from .randomk import RandomKCompressor
+from .redsync import RedSyncCompressor
+from .sidco import SIDCoCompressor
 from .topk import TopKCompressor
 
 __all__ = ["SparseCompressor", "SparseContext", "SparsePayload", "check_cf", "kept_count",
-           "PowerSGDCompressor", "RandomKCompressor", "TopKCompressor"]
+           "DGCCompressor", "PowerSGDCompressor", "RandomKCompressor", "RedSyncCompressor",
+           "SIDCoCompressor", "TopKCompressor"]

@@ -1,0 +1,309 @@
+"""SIDCo: thresholds from a fitted sparsity-inducing distribution, refined in stages.
+
+SIDCo (Abdelmoniem et al., MLSys 2021) models gradient magnitudes with a
+sparsity-inducing distribution and reads the threshold for density ``delta`` off
+the fitted tail, with no sort:
+
+* ``exponential``: ``eta = -mu * ln(delta)``, ``mu`` the mean magnitude;
+* ``gpareto`` (generalised Pareto, moment estimators): with ``r = mean^2 / var``,
+  ``xi = (1 - r) / 2`` and ``sigma = mean (1 + r) / 2``;
+  ``eta = sigma / xi * (delta^-xi - 1)`` (``-sigma ln delta`` as ``xi -> 0``);
+* ``gamma`` (moment estimators ``alpha = mean^2 / var``, ``beta = var / mean``):
+  ``eta = beta * Q^-1(alpha, delta)``, the inverse of the regularised upper
+  incomplete gamma function, by a few Newton steps from the best of three
+  closed-form starting points (``torch.special.gammaincc``; no SciPy).
+
+One fit rarely matches the far tail of a real gradient, so SIDCo refines in
+stages: each stage keeps the magnitudes above the previous stage's threshold,
+shifts them by that threshold (the *excesses*) and fits again, until the target
+density is reached.  For ``gamma``, as in SIDCo's own gamma variant, stages after
+the first fit a generalised Pareto distribution to the excesses (the
+peaks-over-threshold law): a moment-fitted gamma on a heavy tail degenerates
+(``alpha -> 0``) and stops making progress.  Exact zeros are left out of every fit
+and never kept.
+
+Stage plan (``stages=None``, adaptive):
+
+1. Stage 1 aims at ``first_density`` of the entries (SIDCo's first ratio, 0.25),
+   each later stage at ``stage_density`` of its input.  Every stage aims at a
+   planned *count* and takes its density from the *actual* count of its input, so
+   a stage that missed is corrected by the next one.
+2. Stage 1 fits a stratified random sample of 65,536 magnitudes, shifted by their
+   minimum (which matters for multi-level compression: a payload's magnitudes all
+   lie above an earlier threshold).  Its threshold only decides where stage 2
+   starts, and at density 1/4 the sample holds ~16k excesses; a full pass for it
+   would cost a third of the budget.  No later stage can go below stage 1's
+   threshold, and on heavy tails a fit can miss its planned count by 2x or more,
+   so stage 1 is refined (step 5) on the sample's own counts.
+3. While a stage's input is large (planned above ``compact_density`` of the
+   tensor), its fit comes from one streaming pass over the whole tensor (exact
+   count, sum and sum of squares of the excesses).  The first stage whose input is
+   small gathers that input once (the *candidates*); later stages work on them.
+4. The number of remaining stages is recomputed from the actual candidate count
+   (``ceil(log(k / m) / log(stage_density))``).
+5. ``refine`` more rounds correct the last stage using the exact kept count over
+   the candidates (SIDCo adapts its stages from the achieved ratio across
+   iterations; here the adaptation happens within the call): the last stage's fit
+   is kept and the density asked of it moves by secant steps on ``ln(kept)``
+   against ``ln(density)``, so the threshold always comes from the fitted
+   distribution.  Once the count is within ``tolerance`` of ``k`` nothing moves.
+   Low CFs (10x) never reach a candidate phase; there the rounds count on stage 1's
+   sample instead, which at such densities holds thousands of kept entries
+   (relative error ~1/sqrt(k s / n), about 1 % at CF 10).
+
+With an integer ``stages`` the stage densities are fixed (``delta ** (1 / stages)``
+each) and there are no refinement rounds: SIDCo with a fixed stage count.
+
+With the defaults, CF 10 costs a sample, one statistics pass and the selection
+pass; CF 100 and 1000 cost a sample, two statistics passes, the candidate gather
+(at ~1.6 % density) and work proportional to the candidates.
+
+Host synchronisations per ``select``: at most two (the candidate gather and the
+final selection, both ``nonzero``); one when no stage reaches the candidate phase
+(low CFs).  Every stage and refinement round is a fixed sequence of tensor
+operations over the candidates, masked by the stage's base: thresholds and counts
+stay on the device.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+import torch
+
+from .dgc import (TINY, DeviceGenerators, ThresholdCompressor, check_count, check_fraction,
+                  exceedance_moments, select_abs_at_least, stratified_abs_sample)
+
+DISTRIBUTIONS = ("exponential", "gpareto", "gamma")
+_NEWTON_STEPS = 8
+# Stage 1 fits this many stratified samples (it aims at a density of 1/4: ~16k excesses).
+_FIRST_SAMPLE = 1 << 16
+# Refine on the sample's counts (no candidate phase) only when it holds this many kept entries.
+_SAMPLE_REFINE_HITS = 1000
+
+
+def gamma_upper_quantile(alpha: torch.Tensor, density: torch.Tensor) -> torch.Tensor:
+    """``y`` with ``Q(alpha, y) = density`` (standard gamma upper tail), float64, no host sync.
+
+    Newton steps on ``ln Q`` in ``u = ln y`` from the best of three starting points:
+    the small-``y`` expansion ``Q ~ 1 - y^alpha / Gamma(alpha + 1)``, the large-``y``
+    asymptote ``Q ~ y^(alpha-1) e^-y / Gamma(alpha)`` and the Wilson-Hilferty normal
+    approximation (large ``alpha``).
+    """
+    alpha = alpha.double()
+    density = density.double().clamp(1e-300, 1.0 - 1e-12)
+    log_d = torch.log(density)
+    lg = torch.lgamma(alpha)
+
+    def g(u):
+        return torch.log(torch.special.gammaincc(alpha, torch.exp(u)).clamp(min=1e-300)) - log_d
+
+    u_small = (torch.lgamma(alpha + 1.0) + torch.log1p(-density)) / alpha
+    big = -log_d
+    u_large = torch.log(torch.maximum(
+        (big - lg + (alpha - 1.0) * torch.log(torch.maximum(big, alpha))).clamp(min=1e-3), alpha))
+    z = torch.special.ndtri(1.0 - density)
+    c = 1.0 / (9.0 * alpha)
+    u_wh = 3.0 * torch.log((1.0 - c + z * torch.sqrt(c)).clamp(min=1e-3)) + torch.log(alpha)
+    starts = torch.stack([u_small, u_large, u_wh])
+    best = torch.argmin(torch.stack([g(u_small), g(u_large), g(u_wh)]).abs())
+    u = starts.index_select(0, best.view(1)).squeeze(0)     # no host sync (unlike starts[best])
+    for _ in range(_NEWTON_STEPS):
+        y = torch.exp(u)
+        q = torch.special.gammaincc(alpha, y).clamp(min=1e-300)
+        slope = -torch.exp((alpha - 1.0) * u - y - lg + u - torch.log(q))   # d ln Q / d u
+        u = u - ((torch.log(q) - log_d) / slope.clamp(max=-1e-300)).clamp(-5.0, 5.0)
+    return torch.exp(u)
+
+
+def fitted_excess(distribution: str, moments: torch.Tensor, density: torch.Tensor) -> torch.Tensor:
+    """Excess above which a fraction ``density`` of the fitted distribution lies.
+
+    ``moments = [m, sum w, sum w^2]`` of the excesses ``w`` (float64 device tensor).
+    """
+    m = moments[0].clamp(min=1.0)
+    mean = moments[1] / m
+    var = (moments[2] / m - mean * mean).clamp(min=1e-12 * mean * mean + 1e-300)
+    density = density.clamp(1e-300, 1.0)
+    log_d = torch.log(density)
+    if distribution == "exponential":
+        return -mean * log_d
+    ratio = (mean * mean / var).clamp(1e-4, 1e4)
+    if distribution == "gpareto":
+        xi = 0.5 * (1.0 - ratio)
+        sigma = 0.5 * mean * (1.0 + ratio)
+        safe = torch.where(xi.abs() < 1e-8, torch.ones_like(xi), xi)
+        return torch.where(xi.abs() < 1e-8, -sigma * log_d, sigma * torch.expm1(-safe * log_d) / safe)
+    # gamma
+    alpha = ratio.clamp(0.01, 1e4)
+    beta = var / mean.clamp(min=1e-300)
+    return beta * gamma_upper_quantile(alpha, density)
+
+
+def _excess_moments(values: torch.Tensor, base: torch.Tensor, squares: bool = True) -> torch.Tensor:
+    """``[m, sum w, sum w^2]`` of ``w = v - base`` over ``v > base`` (no host sync)."""
+    w = (values - base.to(values.dtype)).clamp_(min=0)
+    sq = torch.dot(w, w).double() if squares else torch.zeros((), dtype=torch.float64, device=w.device)
+    total = w.sum().double()
+    return torch.stack([w.sign_().sum().double(), total, sq])
+
+
+class SIDCoCompressor(ThresholdCompressor):
+    """Threshold from a fitted sparsity-inducing distribution with multi-stage refinement.
+
+    Args:
+        cf: compression factor (target ``numel / kept``).
+        distribution: ``"exponential"``, ``"gpareto"`` or ``"gamma"``.
+        stages: ``None`` (adaptive, see the module docstring) or a fixed stage count >= 1.
+        first_density: planned density of the first stage (adaptive plan).
+        stage_density: planned density of each later stage (adaptive plan).
+        compact_density: stages whose input is planned above this fraction of the tensor
+            are fitted from a streaming pass; below it the input is gathered once.
+        seed: seed of the private per-device generator (stage 1's sample).
+        refine: refinement rounds on the candidates (adaptive plan only).
+        tolerance: refinement stops once the kept count is within ``k * (1 +- tolerance)``.
+
+    Host synchronisations per ``select``: at most two (see the module docstring).
+    Cost: a 64k sample, one statistics pass per large stage (one at CF 10, two at CF 100
+    and 1000 with the defaults), one selection pass, then work proportional to the
+    candidates.
+    """
+
+    def __init__(self, cf: float = 100.0, distribution: str = "exponential",
+                 stages: Optional[int] = None, first_density: float = 0.25,
+                 stage_density: float = 0.25, compact_density: float = 0.02, refine: int = 6,
+                 tolerance: float = 0.05, seed: int = 0):
+        super().__init__(cf)
+        if not isinstance(distribution, str) or distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, "
+                             f"got {distribution!r}")
+        if stages is not None:
+            check_count(stages, "stages")
+        self.distribution = distribution
+        self.stages = stages
+        self.first_density = check_fraction(first_density, "first_density")
+        self.stage_density = check_fraction(stage_density, "stage_density", 0.0, 0.9)
+        self.compact_density = check_fraction(compact_density, "compact_density")
+        if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0:
+            raise ValueError(f"refine must be an integer >= 0, got {refine!r}")
+        self.refine = refine
+        self.tolerance = check_fraction(tolerance, "tolerance", 0.0, 0.5)
+        self._generators = DeviceGenerators(seed)
+        self.last_stages = 0
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(cf={self.cf:g}, distribution={self.distribution!r}, "
+                f"stages={self.stages!r})")
+
+    def _stage_dist(self, stage: int) -> str:
+        return "gpareto" if self.distribution == "gamma" and stage > 1 else self.distribution
+
+    def _plan(self, n: int, k: int) -> List[float]:
+        """Planned kept counts after each stage (host floats), ending at ``k``."""
+        if self.stages is not None:
+            return [n * (k / n) ** (s / self.stages) for s in range(1, self.stages + 1)]
+        if self.first_density * n <= k:   # low CF: halfway (geometrically), then k
+            return [math.sqrt(n * k), float(k)]
+        plan = []
+        target = self.first_density * n
+        while target > k * (1.0 + 1e-9):
+            plan.append(target)
+            target *= self.stage_density
+        plan.append(float(k))
+        return plan
+
+    def _select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
+        n = flat.numel()
+        dev = flat.device
+        squares = self.distribution != "exponential"
+        plan = self._plan(n, k)
+        adaptive = self.stages is None
+        # -- stage 1: fit a stratified sample ---------------------------------------------------
+        # Its threshold only decides where stage 2 starts: stage 2 onwards fit exact statistics
+        # of the whole tensor and aim at planned counts from actual counts.
+        s = min(n, _FIRST_SAMPLE)
+        sample = stratified_abs_sample(flat, s, self._generators(dev))
+        base = sample.amin().double()                         # 0 when zeros are present
+        moments = _excess_moments(sample, base, squares)      # zeros and the minimum left out
+        scale = n / s
+        stage = 1
+        density = (plan[0] / (moments[0] * scale).clamp(min=1.0)).clamp(max=1.0)
+        last = (base, moments, density)        # the last stage's base, moments and density
+        threshold = base + fitted_excess(self._stage_dist(1), moments, density)
+        if adaptive and self.refine > 0:
+            # A heavy tail can put stage 1 far off its planned count, and no later stage can
+            # go below it: correct it on the sample's own counts (~16k kept entries).
+            threshold = self._refine(sample, plan[0] / scale, threshold, *last, self._stage_dist(1))
+        # -- stages fitted from streaming passes over the whole tensor --------------------------
+        while stage < len(plan) and plan[stage - 1] > self.compact_density * n:
+            moments = exceedance_moments(flat, threshold, squares)
+            target = plan[stage]
+            stage += 1
+            density = (target / moments[0].clamp(min=1.0)).clamp(max=1.0)
+            last = (threshold, moments, density)
+            threshold = threshold + fitted_excess(self._stage_dist(stage), moments, density)
+        if stage == len(plan):   # reached k without a candidate phase (low CFs)
+            if adaptive and self.refine > 0 and k * s / n >= _SAMPLE_REFINE_HITS:
+                # No candidates to count exactly: refine on the stage-1 sample's counts,
+                # which at these densities hold thousands of kept entries.
+                threshold = self._refine(sample, k * s / n, threshold, *last, self._stage_dist(stage))
+            self.last_stages = stage
+            idx, _ = select_abs_at_least(flat, threshold.clamp(min=TINY), k / n, False)   # sync 1
+            return idx
+        # -- candidate phase ------------------------------------------------------------------
+        cand_idx, cand = select_abs_at_least(flat, threshold.clamp(min=TINY),
+                                             plan[stage - 1] / n)                        # sync 1
+        mcount = cand.numel()
+        if mcount <= k:
+            self.last_stages = stage
+            return cand_idx
+        if adaptive:   # re-plan the remaining stages from the actual candidate count
+            rest = max(1, math.ceil(math.log(k / mcount) / math.log(self.stage_density)))
+            plan = [mcount * (k / mcount) ** (j / rest) for j in range(1, rest + 1)]
+        else:
+            plan = plan[stage:]
+        values = cand   # stages mask it: a stage's input is the candidates above its base
+        # Last fitted stage, kept for refinement: its base, moments and density.
+        last_base, last_moments, last_density = threshold, None, None
+        for target in plan:
+            stage += 1
+            moments = _excess_moments(values, threshold, squares)
+            density = (target / moments[0].clamp(min=1.0)).clamp(max=1.0)
+            last_base, last_moments, last_density = threshold, moments, density
+            threshold = threshold + fitted_excess(self._stage_dist(stage), moments, density)
+        if adaptive and self.refine > 0:
+            threshold = self._refine(values, k, threshold, last_base, last_moments, last_density,
+                                     self._stage_dist(stage))
+        self.last_stages = stage
+        keep = torch.nonzero(cand >= threshold.to(cand.dtype)).view(-1)          # sync 2
+        return cand_idx.index_select(0, keep)
+
+    def _refine(self, values: torch.Tensor, k: float, threshold: torch.Tensor,
+                base: torch.Tensor, moments: torch.Tensor, density: torch.Tensor,
+                dist: str) -> torch.Tensor:
+        """``refine`` sync-free correction rounds of the last stage (see the module docstring).
+
+        The last stage's fit (its base and excess moments) is kept; only the density it is
+        asked for moves, by secant steps on ``ln(kept)`` against ``ln(density)`` (the first
+        step assumes proportionality), until the exact kept count over the candidates is
+        within tolerance.  ``values`` holds every candidate above ``base``.
+        """
+        few, many = k * (1.0 - self.tolerance), k * (1.0 + self.tolerance)
+        log_k = math.log(k)
+        log_d = torch.log(density)
+        prev_log_d = prev_log_kept = None
+        for _ in range(self.refine):
+            at = threshold.clamp(min=TINY).to(values.dtype)      # zeros are never kept
+            kept = torch.count_nonzero(values >= at).double().clamp(min=0.5)
+            log_kept = torch.log(kept)
+            ok = (kept >= few) & (kept <= many)
+            if prev_log_d is None:
+                slope = torch.ones_like(log_d)
+            else:
+                slope = ((log_kept - prev_log_kept) / (log_d - prev_log_d)).nan_to_num(1.0, 1.0, 1.0)
+                slope = slope.clamp(0.3, 3.0)
+            step = ((log_k - log_kept) / slope).clamp(-3.0, 3.0)
+            prev_log_d, prev_log_kept = log_d, log_kept
+            log_d = torch.where(ok, log_d, (log_d + step).clamp(max=0.0))
+            threshold = torch.where(ok, threshold, base + fitted_excess(dist, moments, torch.exp(log_d)))
+        return threshold
