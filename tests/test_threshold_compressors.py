@@ -167,6 +167,29 @@ def test_same_seed_same_indices_and_global_rng_untouched(name):
     assert torch.equal(torch.get_rng_state(), state)
 
 
+@pytest.mark.parametrize("name", FACTORIES)
+def test_set_step_makes_draws_depend_on_step_and_bucket_only(name):
+    """What a checkpoint resume relies on: after set_step the draws do not depend on history."""
+    t = data("gradient")
+    a, b = FACTORIES[name](1000, seed=3), FACTORIES[name](1000, seed=3)
+    for _ in range(3):               # a's generator has advanced, b's has not
+        a.compress(t)
+    a.set_step(12, 4)
+    b.set_step(12, 4)
+    pa, pb = a.compress(t)[0], b.compress(t)[0]
+    assert torch.equal(pa.indices, pb.indices)
+
+
+def test_set_step_changes_the_sample():
+    t = data("laplace")
+    comp = DGCCompressor(1000)
+    thresholds = set()
+    for step in range(4):
+        comp.set_step(step, 0)
+        thresholds.add(comp.threshold(t, 1000).item())
+    assert len(thresholds) > 1
+
+
 def test_dgc_seeds_draw_different_samples():
     t = data("laplace")
     thresholds = {DGCCompressor(1000, seed=s).threshold(t, 1000).item() for s in range(4)}

@@ -219,9 +219,24 @@ class DeviceGenerators:
 
 
 class ThresholdCompressor(SparseCompressor):
-    """Common parts of the threshold compressors: degenerate inputs and ``last_quality``."""
+    """Common parts of the threshold compressors: degenerate inputs, ``last_quality``, seeding.
+
+    Sampling draws from private per-device generators.  The optimizer calls
+    ``set_step(step, bucket)`` before compressing a bucket (as for Random-k); the draws
+    then depend only on ``(seed, step, bucket)``, so a run resumed from a checkpoint
+    samples exactly what the original run sampled.
+    """
 
     last_quality = None
+
+    def __init__(self, cf: float = 100.0, seed: int = 0):
+        super().__init__(cf)
+        self._generators = DeviceGenerators(seed)
+        self.seed = seed
+
+    def set_step(self, step: int, stream: int = 0) -> None:
+        """Re-seed the private generators for ``(seed, step, stream)``."""
+        self._generators.reseed(hash((self.seed, int(step), int(stream))) & 0x7FFF_FFFF_FFFF_FFFF)
 
     def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         n = flat.numel()
@@ -245,7 +260,7 @@ class DGCCompressor(ThresholdCompressor):
         min_sample_hits: ... raised so that about this many sampled entries lie above the
             threshold; the kept count's relative error is about ``1/sqrt(min_sample_hits)``.
             Tensors up to this sample size use every entry (exact threshold).
-        seed: seed of the private per-device generator.
+        seed: seed of the private per-device generators (see :meth:`set_step`).
 
     Host synchronisations per ``select``: one (the size of the final ``nonzero``).
     Cost: a sample gather of ``max(sample_ratio * n, min_sample_hits * cf)`` entries,
@@ -254,10 +269,9 @@ class DGCCompressor(ThresholdCompressor):
 
     def __init__(self, cf: float = 100.0, sample_ratio: float = 0.01, min_sample_hits: int = 400,
                  seed: int = 0):
-        super().__init__(cf)
+        super().__init__(cf, seed)
         self.sample_ratio = check_fraction(sample_ratio, "sample_ratio")
         self.min_sample_hits = check_count(min_sample_hits, "min_sample_hits")
-        self._generators = DeviceGenerators(seed)
 
     def threshold(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         """The estimated threshold for keeping about ``k`` entries (0-dim device tensor)."""

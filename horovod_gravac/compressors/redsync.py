@@ -41,7 +41,7 @@ from typing import Tuple
 
 import torch
 
-from .dgc import (TINY, DeviceGenerators, ThresholdCompressor, check_count,
+from .dgc import (TINY, ThresholdCompressor, check_count,
                   check_fraction, sample_quantile, sample_size, select_abs_at_least,
                   stratified_abs_sample)
 
@@ -88,7 +88,7 @@ class RedSyncCompressor(ThresholdCompressor):
             search (as for :class:`DGCCompressor`); only the candidate set depends on it,
             the counts of the search are exact.
         max_steps: upper bound on binary-search steps.
-        seed: seed of the private per-device generator.
+        seed: seed of the private per-device generators (see ``set_step``).
 
     Host synchronisations per ``select``: two.  Cost: a sample gather, one selection
     pass, then ``steps`` counts over about ``k`` candidates,
@@ -97,12 +97,11 @@ class RedSyncCompressor(ThresholdCompressor):
 
     def __init__(self, cf: float = 100.0, tolerance: float = 0.02, sample_ratio: float = 0.01,
                  min_sample_hits: int = 400, max_steps: int = 40, seed: int = 0):
-        super().__init__(cf)
+        super().__init__(cf, seed)
         self.tolerance = check_fraction(tolerance, "tolerance", 0.0, 0.5)
         self.sample_ratio = check_fraction(sample_ratio, "sample_ratio")
         self.min_sample_hits = check_count(min_sample_hits, "min_sample_hits")
         self.max_steps = check_count(max_steps, "max_steps")
-        self._generators = DeviceGenerators(seed)
         self.last_steps = 0
 
     def _select(self, flat: torch.Tensor, k: int) -> torch.Tensor:

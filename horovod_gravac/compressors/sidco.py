@@ -71,7 +71,7 @@ from typing import List, Optional
 
 import torch
 
-from .dgc import (TINY, DeviceGenerators, ThresholdCompressor, check_count, check_fraction,
+from .dgc import (TINY, ThresholdCompressor, check_count, check_fraction,
                   exceedance_moments, select_abs_at_least, stratified_abs_sample)
 
 DISTRIBUTIONS = ("exponential", "gpareto", "gamma")
@@ -159,7 +159,7 @@ class SIDCoCompressor(ThresholdCompressor):
         stage_density: planned density of each later stage (adaptive plan).
         compact_density: stages whose input is planned above this fraction of the tensor
             are fitted from a streaming pass; below it the input is gathered once.
-        seed: seed of the private per-device generator (stage 1's sample).
+        seed: seed of the private per-device generators (stage 1's sample; see ``set_step``).
         refine: refinement rounds on the candidates (adaptive plan only).
         tolerance: refinement stops once the kept count is within ``k * (1 +- tolerance)``.
 
@@ -173,7 +173,7 @@ class SIDCoCompressor(ThresholdCompressor):
                  stages: Optional[int] = None, first_density: float = 0.25,
                  stage_density: float = 0.25, compact_density: float = 0.02, refine: int = 6,
                  tolerance: float = 0.05, seed: int = 0):
-        super().__init__(cf)
+        super().__init__(cf, seed)
         if not isinstance(distribution, str) or distribution not in DISTRIBUTIONS:
             raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, "
                              f"got {distribution!r}")
@@ -188,7 +188,6 @@ class SIDCoCompressor(ThresholdCompressor):
             raise ValueError(f"refine must be an integer >= 0, got {refine!r}")
         self.refine = refine
         self.tolerance = check_fraction(tolerance, "tolerance", 0.0, 0.5)
-        self._generators = DeviceGenerators(seed)
         self.last_stages = 0
 
     def __repr__(self) -> str:
