@@ -41,11 +41,6 @@ LOW_RANK = [c for c in CLASSES if getattr(c, "low_rank", False)]
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 DISTRIBUTIONS = ["normal", "laplace", "zeros", "constant", "sparse", "wide", "ties", "tiny"]
 
-# Bugs these tests found in files outside issue 7 (reported to their owners). The
-# property skips the one assertion; the strict xfail regression test below pins it, and
-# starts to fail (XPASS) once the bug is fixed, so both get removed then.
-KNOWN_REPEATED_INDICES = {"RandomKCompressor"}   # stratified_indices when numel/k is not an integer
-
 # Examples per test; raise for a deeper hunt: GRAVAC_HYPOTHESIS_EXAMPLES=2000 pytest tests/test_properties.py
 EXAMPLES = int(os.environ.get("GRAVAC_HYPOTHESIS_EXAMPLES", "30"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -119,8 +114,7 @@ def test_sparse_round_trip(cls, t, cf):
     assert v.numel() == i.numel() <= n
     if i.numel():
         assert int(i.min()) >= 0 and int(i.max()) < n
-        if cls.__name__ not in KNOWN_REPEATED_INDICES:
-            assert torch.unique(i).numel() == i.numel(), "repeated index"
+        assert torch.unique(i).numel() == i.numel(), "repeated index"
     flat32 = t.reshape(-1).to(torch.float32)
     assert torch.equal(v, flat32[i.long()]), "values are not the input's values"
     quality = getattr(comp, "last_quality", None)
@@ -151,8 +145,7 @@ def test_sparse_multilevel(cls, t, cf, factor):
     further = comp.compress_further(payload, ctx, factor)
     first = dict(zip(payload.indices.tolist(), payload.values.tolist()))
     got = dict(zip(further.indices.tolist(), further.values.tolist()))
-    if cls.__name__ not in KNOWN_REPEATED_INDICES:
-        assert len(got) == further.indices.numel(), "repeated index"
+    assert len(got) == further.indices.numel(), "repeated index"
     assert all(first.get(j) == val for j, val in got.items()), "compress_further invented an entry"
     if getattr(comp, "last_quality", None) is None and t.numel():
         assert further.indices.numel() == min(payload.indices.numel(), kept_count(t.numel(), cf * factor))
@@ -265,11 +258,9 @@ def test_degenerate_tensors(cls, dist, dtype):
             assert torch.equal(kept, t.reshape(-1)[payload.indices.long()])
 
 
-@pytest.mark.xfail(strict=True, reason="RandomK's stratified_indices repeats an index when numel/k is "
-                                       "not an integer: neighbouring strata share a floor (compressors/randomk.py)")
 def test_randomk_indices_are_unique():
-    """Found by test_sparse_round_trip (n=18, cf=1.5). A repeated index is added twice by
-    the sparse allgather path (seed=None) and counted twice in the gain."""
+    """Regression: test_sparse_round_trip found Random-k repeating an index (n=18, cf=1.5)
+    when numel/k was not an integer; the sparse allgather path added it twice."""
     from horovod_gravac.compressors.randomk import stratified_indices
     for n, k in ((18, 12), (1000, 300)):
         for seed in range(20):
