@@ -1,0 +1,400 @@
+"""Compressor benchmark: cost against a streaming pass, estimation quality, wire bytes,
+and multi-level versus direct compression (the GraVAC paper's Table 3).
+
+    .venv/bin/python benchmarks/compressors.py                 # 25M entries, all tables
+    .venv/bin/python benchmarks/compressors.py --numel 2000000 --repeats 3   # quick look
+    .venv/bin/python benchmarks/compressors.py --csv results/compressors.csv
+
+Everything runs on one thread (``torch.set_num_threads(1)``).  The unit of cost is one
+streaming pass over the same tensor, ``t.abs().max()``, timed side by side with each
+measurement (interleaved, minimum of ``--repeats``).  A ratio of 2 means "compress +
+decompress cost as much as two ``t.abs().max()``".  Times are the calling thread's CPU
+time (``time.thread_time``, user + system, page faults included): with one torch thread
+that is all the work, and unlike wall-clock time it does not count the time the thread
+waits for a core on a shared machine.  Wall-clock ratios are printed beside them.
+
+Page faults.  A fresh 100 MB tensor (``t.abs()``, the dense output of ``decompress``)
+costs about three quarters of the streaming pass in first-touch page faults.  Whether a
+process gets fresh pages or recycles freed ones depends on glibc's adaptive thresholds
+and on what ran before: in one run the same ``t.abs().max()`` took 72 ms or, after
+another compressor had left a large free block in the heap, 16 ms.  So the allocator's
+state is controlled (``--malloc``):
+
+  steady   (default) glibc's thresholds pinned where its adaptation takes them (mmap
+           32 MiB, trim 64 MiB): tensors under 32 MiB are recycled in the heap, larger
+           ones are mapped fresh.  Before each streaming pass the heap is trimmed
+           (``malloc_trim``) so that its output faults as it normally does, and each
+           compressor call is preceded by an untimed warm-up call, as in a training
+           loop where the same compression runs every step.
+  cold     glibc's mmap threshold fixed at 128 KiB: every allocation of 128 KiB or more
+           takes fresh pages every time.  Pessimistic for the compressors (their index
+           and value tensors, and temporaries inside ``decompress``, fault too).
+  warm     all freed memory stays in the heap (``MALLOC_MMAP_MAX_=0``, no trimming):
+           nothing faults after warm-up, like a caching allocator; the streaming pass
+           then costs ~16 ms and every ratio grows.
+  default  malloc left alone (results depend on history).
+
+The script re-executes itself with the environment set.  The CSV records the page faults
+of each best measurement (``*_faults``).
+
+Inputs (float32, ``--numel`` entries):
+  laplace  i.i.d. Laplace(0, 1)
+  normal   i.i.d. N(0, 1)
+  real     gradients captured from a few SGD steps of a small CNN (CIFAR-shaped random
+           images) and of a small 2-layer LSTM language model (random tokens), both
+           built here (nothing is downloaded), concatenated and tiled to ``--numel``.
+
+Table 1: per compressor, CF and input: compress+decompress time / streaming pass,
+estimation quality (kept / k; Top-k and Random-k are exact by construction), wire
+bytes per kept entry.  Table 2: theta_min = 10x and a candidate at 1000x, reached either
+multi-level (``compress_further`` of the 10x payload by 100) or directly (compress the
+original again at 1000x); time of both compressions, and the speedup.
+Targets from issues 2 and 3 are printed beside the figures with PASS/FAIL.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import ctypes.util
+import math
+import os
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from horovod_gravac.compressors import (DGCCompressor, RandomKCompressor, RedSyncCompressor,  # noqa: E402
+                                        SIDCoCompressor, SparseCompressor, TopKCompressor)
+
+COMPRESSORS = {
+    "topk": lambda cf: TopKCompressor(cf),
+    "randomk": lambda cf: RandomKCompressor(cf, seed=1234),
+    "dgc": lambda cf: DGCCompressor(cf),
+    "redsync": lambda cf: RedSyncCompressor(cf),
+    "sidco-exp": lambda cf: SIDCoCompressor(cf, distribution="exponential"),
+    "sidco-gpareto": lambda cf: SIDCoCompressor(cf, distribution="gpareto"),
+    "sidco-gamma": lambda cf: SIDCoCompressor(cf, distribution="gamma"),
+}
+THRESHOLD = {"dgc", "redsync", "sidco-exp", "sidco-gpareto", "sidco-gamma"}
+QUALITY_RANGE = (0.8, 1.25)
+MALLOC_ENV = {
+    # glibc's adaptive thresholds pinned at the values they adapt to (mmap 32 MiB, trim 2x).
+    "steady": {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)},
+    "cold": {"MALLOC_MMAP_THRESHOLD_": str(128 << 10)},
+    "warm": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)},
+    "default": {},
+}
+
+
+# -- inputs ----------------------------------------------------------------------------------
+def capture_gradients(steps: int = 3, seed: int = 0) -> torch.Tensor:
+    """Flattened gradients of ``steps`` SGD steps of a small CNN and a small LSTM LM."""
+    import torch.nn as nn
+
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    grads = []
+
+    cnn = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(128, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+    opt = torch.optim.SGD(cnn.parameters(), lr=0.05, momentum=0.9)
+    images = torch.randn(32, 3, 32, 32, generator=gen)
+    labels = torch.randint(10, (32,), generator=gen)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.cross_entropy(cnn(images), labels).backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in cnn.parameters()]))
+        opt.step()
+
+    class LanguageModel(nn.Module):
+        def __init__(self, vocab=2000, hidden=200):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, hidden)
+            self.rnn = nn.LSTM(hidden, hidden, num_layers=2, batch_first=True)
+            self.dec = nn.Linear(hidden, vocab)
+
+        def forward(self, tokens):
+            out, _ = self.rnn(self.emb(tokens))
+            return self.dec(out)
+
+    lm = LanguageModel()
+    opt = torch.optim.SGD(lm.parameters(), lr=1.0)
+    tokens = torch.randint(2000, (20, 36), generator=gen)
+    for _ in range(steps):
+        opt.zero_grad()
+        logits = lm(tokens[:, :-1])
+        nn.functional.cross_entropy(logits.reshape(-1, 2000), tokens[:, 1:].reshape(-1)).backward()
+        nn.utils.clip_grad_norm_(lm.parameters(), 0.25)
+        grads.append(torch.cat([p.grad.reshape(-1) for p in lm.parameters()]))
+        opt.step()
+    return torch.cat(grads).detach()
+
+
+def make_input(name: str, numel: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if name == "laplace":
+        u = torch.rand(numel, generator=gen, dtype=torch.float64) - 0.5
+        return (-torch.sign(u) * torch.log1p(-2.0 * u.abs())).float()
+    if name == "normal":
+        return torch.randn(numel, generator=gen)
+    if name == "real":
+        grads = capture_gradients(seed=seed)
+        reps = -(-numel // grads.numel())
+        return grads.repeat(reps)[:numel].contiguous()
+    raise ValueError(f"unknown input {name!r}")
+
+
+# -- timing ----------------------------------------------------------------------------------
+def _stream(t):
+    return t.abs().max()
+
+
+try:
+    _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+except (OSError, AttributeError):   # not glibc
+    _LIBC = None
+
+
+def trim_heap():
+    """Return free heap memory to the OS (glibc ``malloc_trim``), so the next large tensor faults."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _minor_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+class Clock:
+    """CPU time of this thread, wall time and minor page faults of one call."""
+
+    def __init__(self):
+        self.cpu = self.wall = 0.0
+        self.faults = 0
+
+    def __call__(self, fn):
+        f0, c0, w0 = _minor_faults(), time.thread_time(), time.perf_counter()
+        out = fn()
+        self.cpu, self.wall = time.thread_time() - c0, time.perf_counter() - w0
+        self.faults = _minor_faults() - f0
+        return out
+
+
+class Best:
+    """Minimum CPU and wall time per key over repeats (and the faults of the fastest)."""
+
+    def __init__(self):
+        self.cpu, self.wall, self.faults = {}, {}, {}
+
+    def add(self, key, cpu, wall, faults=0):
+        if cpu < self.cpu.get(key, math.inf):
+            self.cpu[key], self.faults[key] = cpu, faults
+        self.wall[key] = min(self.wall.get(key, math.inf), wall)
+
+
+def measure_cost(t: torch.Tensor, comp: SparseCompressor, repeats: int):
+    """Best times of a streaming pass and of compress+decompress, interleaved; qualities; bytes."""
+    best, clock = Best(), Clock()
+    qualities, wire = [], None
+    for _ in range(repeats):
+        trim_heap()                  # the streaming pass's 100 MB output always takes fresh pages
+        clock(lambda: _stream(t))
+        best.add("stream", clock.cpu, clock.wall, clock.faults)
+        comp.decompress(*comp.compress(t))   # warm-up: the timed call recycles heap memory
+        payload, ctx = clock(lambda: comp.compress(t))
+        cpu, wall, faults = clock.cpu, clock.wall, clock.faults
+        best.add("c", cpu, wall, faults)
+        out = clock(lambda: comp.decompress(payload, ctx))
+        best.add("cd", cpu + clock.cpu, wall + clock.wall, faults + clock.faults)
+        q = getattr(comp, "last_quality", None)
+        qualities.append(payload.values.numel() / comp_k(t, comp) if q is None else q)
+        wire = SparseCompressor.wire_bytes(payload, comp.shared_indices) / max(1, payload.values.numel())
+        del out, payload
+    return best, qualities, wire
+
+
+def comp_k(t, comp):
+    from horovod_gravac.compressors import kept_count
+    return kept_count(t.numel(), comp.cf)
+
+
+def measure_multilevel(t: torch.Tensor, make, repeats: int, theta_min=10.0, candidate=1000.0):
+    comp_min, comp_c = make(theta_min), make(candidate)
+    factor = candidate / theta_min
+    best, clock = Best(), Clock()
+    q_further = []
+    for _ in range(repeats):
+        trim_heap()
+        clock(lambda: _stream(t))
+        best.add("stream", clock.cpu, clock.wall)
+        warm, warm_ctx = comp_min.compress(t)   # warm-up of the whole sequence
+        comp_min.compress_further(warm, warm_ctx, factor)
+        comp_c.compress(t)
+        del warm
+        payload, ctx = clock(lambda: comp_min.compress(t))
+        best.add("min", clock.cpu, clock.wall)
+        further = clock(lambda: comp_min.compress_further(payload, ctx, factor))
+        best.add("further", clock.cpu, clock.wall)
+        q = getattr(comp_min, "last_quality", None)
+        q_further.append(further.values.numel() / comp_k(t, comp_c) if q is None else q)
+        clock(lambda: comp_c.compress(t))
+        best.add("direct", clock.cpu, clock.wall)
+        del payload, further
+    return best, q_further
+
+
+# -- reporting -------------------------------------------------------------------------------
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def cost_target(name: str, cf: float):
+    """(limit as streaming passes, issue) or None."""
+    if name == "topk":
+        return 5.0, "issue 2"
+    if name == "randomk":
+        return (0.3, "issue 2") if cf >= 100 else None
+    return 3.0, "issue 3"
+
+
+def worst_quality(qs):
+    return max(qs, key=lambda q: abs(math.log(max(q, 1e-9))))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--numel", type=int, default=25_000_000)
+    ap.add_argument("--repeats", type=int, default=5, help="timed repeats per figure (minimum taken)")
+    ap.add_argument("--cfs", default="10,100,1000")
+    ap.add_argument("--inputs", default="laplace,normal,real")
+    ap.add_argument("--compressors", default=",".join(COMPRESSORS))
+    ap.add_argument("--no-multilevel", action="store_true", help="skip table 2")
+    ap.add_argument("--csv", help="also write every figure to this CSV file")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--check", action="store_true", help="exit 1 if any target fails")
+    ap.add_argument("--malloc", choices=sorted(MALLOC_ENV), default="steady",
+                    help="allocator state for large tensors (see the module docstring)")
+    args = ap.parse_args(argv)
+    if argv is None and os.environ.get("HG_BENCH_MALLOC") != args.malloc:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+        env.update(MALLOC_ENV[args.malloc], HG_BENCH_MALLOC=args.malloc)
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
+
+    torch.set_num_threads(1)
+    cfs = [float(c) for c in args.cfs.split(",")]
+    inputs = args.inputs.split(",")
+    names = args.compressors.split(",")
+    for name in names:
+        if name not in COMPRESSORS:
+            ap.error(f"unknown compressor {name!r}; known: {', '.join(COMPRESSORS)}")
+
+    print(f"# compressor benchmark: {args.numel:,} float32 entries, 1 thread, torch {torch.__version__}, "
+          f"{platform.processor() or platform.machine()}, malloc {args.malloc}, "
+          f"load average {os.getloadavg()[0]:.1f} at start")
+    print("# ratio = (compress + decompress) / streaming pass t.abs().max(), thread CPU time, timed "
+          f"interleaved, min of {args.repeats}")
+    rows, failures = [], 0
+
+    data = {}
+    for name in inputs:
+        t0 = time.perf_counter()
+        data[name] = make_input(name, args.numel, args.seed)
+        print(f"# input {name}: made in {time.perf_counter() - t0:.1f} s")
+
+    # -- table 1 ---------------------------------------------------------------------------
+    header = (f"{'compressor':<14}{'input':<8}{'CF':>5} {'pass ms':>8} {'c+d ms':>7} {'c only':>6} {'ratio':>6} "
+              f"{'target':>8} {'':4} {'wall':>5} {'quality':>8} {'target':>12} {'':4} {'B/kept':>6} "
+              f"{'target':>5} {'':4}")
+    print("\nTable 1: cost (CPU time ratio to one streaming pass; 'c only' = compress alone, 'ratio' ="
+          " compress + decompress, 'wall' = the same by wall clock),\n         estimation quality (worst of"
+          " the repeats), wire bytes per kept entry\n" + header + "\n" + "-" * len(header))
+    for cname in names:
+        for iname in inputs:
+            t = data[iname]
+            for cf in cfs:
+                comp = COMPRESSORS[cname](cf)
+                best, qs, wire = measure_cost(t, comp, args.repeats)
+                ratio = best.cpu["cd"] / best.cpu["stream"]
+                wall_ratio = best.wall["cd"] / best.wall["stream"]
+                target = cost_target(cname, cf)
+                cost_ok = None if target is None else ratio <= target[0]
+                q = worst_quality(qs)
+                q_ok = (QUALITY_RANGE[0] <= min(qs) and max(qs) <= QUALITY_RANGE[1]) \
+                    if cname in THRESHOLD else None
+                byte_limit = 4.0 if comp.shared_indices else 8.0
+                b_ok = wire <= byte_limit
+                failures += sum(1 for ok in (cost_ok, q_ok, b_ok) if ok is False)
+                cost_cols = (f"{'<= %gx' % target[0]:>8} {verdict(cost_ok):4}" if target
+                             else f"{'-':>8} {'':4}")
+                q_cols = (f"{'[0.8, 1.25]':>12} {verdict(q_ok):4}" if q_ok is not None
+                          else f"{'exact':>12} {'':4}")
+                print(f"{cname:<14}{iname:<8}{cf:>5g} {best.cpu['stream'] * 1e3:>8.1f} "
+                      f"{best.cpu['cd'] * 1e3:>7.1f} {best.cpu['c'] / best.cpu['stream']:>6.2f} {ratio:>6.2f} "
+                      f"{cost_cols} {wall_ratio:>5.2f} "
+                      f"{q:>8.3f} {q_cols} {wire:>6.1f} {'<= %g' % byte_limit:>5} {verdict(b_ok):4}",
+                      flush=True)
+                rows.append(dict(table="cost", compressor=cname, input=iname, cf=cf,
+                                 stream_ms=best.cpu["stream"] * 1e3, compress_decompress_ms=best.cpu["cd"] * 1e3,
+                                 ratio=ratio, compress_only_ratio=best.cpu["c"] / best.cpu["stream"],
+                                 wall_stream_ms=best.wall["stream"] * 1e3,
+                                 wall_compress_decompress_ms=best.wall["cd"] * 1e3, wall_ratio=wall_ratio,
+                                 stream_faults=best.faults["stream"], compress_decompress_faults=best.faults["cd"],
+                                 ratio_target=target[0] if target else "", ratio_ok=cost_ok,
+                                 quality_worst=q, quality_min=min(qs), quality_max=max(qs), quality_ok=q_ok,
+                                 bytes_per_kept=wire, bytes_ok=b_ok))
+
+    # -- table 2 ---------------------------------------------------------------------------
+    if not args.no_multilevel:
+        header = (f"{'compressor':<14}{'input':<8}{'10x ms':>7} {'x100 ml':>8} {'1000x dir':>9} "
+                  f"{'multi ms':>8} {'direct ms':>9} {'speedup':>8} {'target':>8} {'':4} {'wall':>6} "
+                  f"{'q(1000x)':>8}")
+        print("\nTable 2 (paper Table 3): theta_min 10x and candidate 1000x, multi-level vs direct (CPU ms)\n"
+              "  multi = compress(10x) + compress_further(x100);  direct = compress(10x) + compress(1000x)\n"
+              + header + "\n" + "-" * len(header))
+        for cname in names:
+            for iname in inputs:
+                best, qf = measure_multilevel(data[iname], COMPRESSORS[cname], args.repeats)
+                multi = best.cpu["min"] + best.cpu["further"]
+                direct = best.cpu["min"] + best.cpu["direct"]
+                speedup = direct / multi
+                wall_speedup = (best.wall["min"] + best.wall["direct"]) / (best.wall["min"] + best.wall["further"])
+                ok = speedup >= 1.5 if cname == "topk" else speedup > 1.0
+                failures += not ok
+                q = worst_quality(qf)
+                print(f"{cname:<14}{iname:<8}{best.cpu['min'] * 1e3:>7.1f} {best.cpu['further'] * 1e3:>8.2f} "
+                      f"{best.cpu['direct'] * 1e3:>9.1f} {multi * 1e3:>8.1f} {direct * 1e3:>9.1f} "
+                      f"{speedup:>7.2f}x {('>= 1.5x' if cname == 'topk' else '> 1x'):>8} {verdict(ok):4} "
+                      f"{wall_speedup:>5.2f}x {q:>8.3f}", flush=True)
+                rows.append(dict(table="multilevel", compressor=cname, input=iname, cf=1000.0,
+                                 stream_ms=best.cpu["stream"] * 1e3, min_ms=best.cpu["min"] * 1e3,
+                                 further_ms=best.cpu["further"] * 1e3, direct_ms=best.cpu["direct"] * 1e3,
+                                 multi_total_ms=multi * 1e3, direct_total_ms=direct * 1e3, speedup=speedup,
+                                 wall_speedup=wall_speedup, speedup_ok=ok, quality_worst=q))
+
+    print(f"\n# load average {os.getloadavg()[0]:.1f} at end; {failures} target(s) failed")
+    if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+        keys = []
+        for r in rows:
+            keys += [k for k in r if k not in keys]
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rows)
+        print(f"# wrote {args.csv}")
+    return 1 if (args.check and failures) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
