@@ -273,7 +273,7 @@ def worst_quality(qs):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n")[:2]))
     ap.add_argument("--numel", type=int, default=25_000_000)
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats per figure (minimum taken)")
     ap.add_argument("--cfs", default="10,100,1000")
@@ -369,12 +369,13 @@ def main(argv=None) -> int:
                 direct = best.cpu["min"] + best.cpu["direct"]
                 speedup = direct / multi
                 wall_speedup = (best.wall["min"] + best.wall["direct"]) / (best.wall["min"] + best.wall["further"])
-                ok = speedup >= 1.5 if cname == "topk" else speedup > 1.0
+                # "Faster" must beat timing noise: by more than 2 %.
+                ok = speedup >= 1.5 if cname == "topk" else speedup > 1.02
                 failures += not ok
                 q = worst_quality(qf)
                 print(f"{cname:<14}{iname:<8}{best.cpu['min'] * 1e3:>7.1f} {best.cpu['further'] * 1e3:>8.2f} "
                       f"{best.cpu['direct'] * 1e3:>9.1f} {multi * 1e3:>8.1f} {direct * 1e3:>9.1f} "
-                      f"{speedup:>7.2f}x {('>= 1.5x' if cname == 'topk' else '> 1x'):>8} {verdict(ok):4} "
+                      f"{speedup:>7.2f}x {('>= 1.5x' if cname == 'topk' else '> 1.02x'):>8} {verdict(ok):4} "
                       f"{wall_speedup:>5.2f}x {q:>8.3f}", flush=True)
                 rows.append(dict(table="multilevel", compressor=cname, input=iname, cf=1000.0,
                                  stream_ms=best.cpu["stream"] * 1e3, min_ms=best.cpu["min"] * 1e3,

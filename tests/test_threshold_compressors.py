@@ -148,6 +148,16 @@ def test_redsync_search_stops_once_within_tolerance():
     assert lo.item() == hi.item() == 5000.0
 
 
+@pytest.mark.parametrize("input_name", INPUTS)
+def test_redsync_low_cf_searches_on_sample_counts(input_name):
+    # A 10 % sample expects 10k entries above the CF-10 threshold: the search counts on it.
+    t = data(input_name)
+    comp = RedSyncCompressor(10, sample_ratio=0.1)
+    payload, _ = comp.compress(t)
+    assert comp.last_steps > 0 and abs(comp.last_quality - 1.0) <= 0.05, comp.last_quality
+    assert_threshold_set(t, payload.indices)
+
+
 def test_redsync_compressor_below_the_mean():
     # CF 2 on Laplace data: the k-th magnitude (ln 2 = 0.69) is below the mean (1.0).
     t = data("laplace")

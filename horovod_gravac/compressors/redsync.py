@@ -28,11 +28,17 @@ counts exactly but over a *candidate set* only:
    and keeping too few as the original would;
 4. the search stops moving once the count is within ``tolerance`` of ``k``.
 
+At low CFs (when the sample expects at least 10,000 entries above the threshold, e.g.
+CF <= 25 for 25M entries with the defaults) gathering the >= k candidates would cost
+as much as the final selection, while the sample's counts are already within ~1 % of
+the exact ones; there the search counts on the sample (scaled) and one selection pass
+follows.
+
 The steps are a fixed number of tensor operations with no host synchronisation
 (the "done" state is carried in the bounds: once within tolerance ``lo = hi = mid``).
 
 Host synchronisations per ``select``: two (the candidate ``nonzero`` and the final
-``nonzero`` over the candidates).
+``nonzero`` over the candidates); one at low CFs.
 """
 from __future__ import annotations
 
@@ -47,6 +53,8 @@ from .dgc import (TINY, ThresholdCompressor, check_count,
 
 # Width of the sampled bracket, in standard deviations of the sampled count.
 _BRACKET_SIGMAS = 4.0
+# Search on the sample's counts when it expects at least this many kept entries (error <= 1 %).
+_SAMPLE_COUNT_HITS = 10_000
 
 
 def redsync_search(values: torch.Tensor, k: int, lo: torch.Tensor, hi: torch.Tensor,
@@ -86,12 +94,12 @@ class RedSyncCompressor(ThresholdCompressor):
         tolerance: the search stops once the kept count is within ``k * (1 +- tolerance)``.
         sample_ratio, min_sample_hits: size of the stratified sample that brackets the
             search (as for :class:`DGCCompressor`); only the candidate set depends on it,
-            the counts of the search are exact.
+            the counts of the search are exact (except at low CFs, see above).
         max_steps: upper bound on binary-search steps.
         seed: seed of the private per-device generators (see ``set_step``).
 
-    Host synchronisations per ``select``: two.  Cost: a sample gather, one selection
-    pass, then ``steps`` counts over about ``k`` candidates,
+    Host synchronisations per ``select``: two (one at low CFs).  Cost: a sample gather,
+    one selection pass, then ``steps`` counts over about ``k`` candidates,
     ``steps ~ log2(bracket width / tolerance) + 2``.
     """
 
@@ -116,6 +124,16 @@ class RedSyncCompressor(ThresholdCompressor):
             floor = sample_quantile(sample, s, hits + spread)
             ceil = sample_quantile(sample, s, max(hits - spread, 1.0))
         floor = floor.clamp(min=TINY)
+        if s < n and hits >= _SAMPLE_COUNT_HITS:
+            # Low CF: gathering >= k candidates would cost as much as the selection itself,
+            # while the sample already pins every count to ~1/sqrt(hits) <= 1 %: search on
+            # the sample's counts, then select once.
+            width = 2.0 * spread / hits
+            steps = min(self.max_steps, int(math.ceil(math.log2(max(width / self.tolerance, 1.0)))) + 2)
+            self.last_steps = steps
+            thr, _ = redsync_search(sample, hits, floor, ceil, steps, self.tolerance)
+            idx, _ = select_abs_at_least(flat, thr.clamp(min=TINY), k / n, magnitudes=False)   # sync 1
+            return idx
         cand_idx, cand = select_abs_at_least(flat, floor, (hits + spread) / s)   # sync 1
         if cand.numel() <= k * (1.0 + self.tolerance):
             # Everything at or above the floor: within tolerance, or (rarely) the floor

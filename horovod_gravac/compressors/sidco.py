@@ -159,9 +159,10 @@ class SIDCoCompressor(ThresholdCompressor):
         stage_density: planned density of each later stage (adaptive plan).
         compact_density: stages whose input is planned above this fraction of the tensor
             are fitted from a streaming pass; below it the input is gathered once.
-        seed: seed of the private per-device generators (stage 1's sample; see ``set_step``).
-        refine: refinement rounds on the candidates (adaptive plan only).
+        refine: refinement rounds of the last stage, and of stage 1 on its sample (adaptive
+            plan only; see the module docstring).
         tolerance: refinement stops once the kept count is within ``k * (1 +- tolerance)``.
+        seed: seed of the private per-device generators (stage 1's sample; see ``set_step``).
 
     Host synchronisations per ``select``: at most two (see the module docstring).
     Cost: a 64k sample, one statistics pass per large stage (one at CF 10, two at CF 100
