@@ -4,7 +4,8 @@ Replace ``hvd.DistributedOptimizer(opt, named_parameters=...)`` with
 ``horovod_gravac.DistributedOptimizer(opt, named_parameters=..., compressor=TopKCompressor,
 controller=GraVAC(theta_min=10, theta_max=1000, epsilon=0.7))``.
 """
-from .compressors import (PowerSGDCompressor, RandomKCompressor, SparseCompressor, SparseContext, SparsePayload,
+from .compressors import (DGCCompressor, PowerSGDCompressor, RandomKCompressor, RedSyncCompressor,
+                          SIDCoCompressor, SparseCompressor, SparseContext, SparsePayload,
                           TopKCompressor)
 from .controllers import Accordion, Controller, Decision, Dense, GraVAC, StaticCF, StepObservation
 from .policy import Exponential, Geometric
@@ -23,6 +24,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'horovod_gravac' has no attribute {name!r}")
 
 
-__all__ = ["DistributedOptimizer", "TopKCompressor", "PowerSGDCompressor", "RandomKCompressor", "SparseCompressor",
+__all__ = ["DistributedOptimizer", "TopKCompressor", "PowerSGDCompressor", "DGCCompressor",
+           "RedSyncCompressor", "SIDCoCompressor", "RandomKCompressor", "SparseCompressor",
            "SparsePayload", "SparseContext", "Dense", "StaticCF", "GraVAC", "Accordion",
            "Controller", "Decision", "StepObservation", "Exponential", "Geometric"]
