@@ -21,7 +21,7 @@ weight of N %), so the one-step lag changes the choice very rarely.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional
 
 from .compressors.base import check_cf

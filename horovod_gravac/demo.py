@@ -161,8 +161,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         json.dump(summary, f, indent=2)
 
     print("\n" + report["table"])
-    print(f"\nfloats: values and int32 indices both count (2 per kept entry); "
-          f"loader %: share of step time spent producing batches")
+    print("\nfloats: values and int32 indices both count (2 per kept entry); "
+          "loader %: share of step time spent producing batches")
     for t in targets:
         print(f"target check {t['run']}: accuracy {t['diff_pp']:+.2f} pp vs dense "
               f"({'ok' if t['accuracy_within_1pp'] else 'MISSED'}: within 1 pp), "

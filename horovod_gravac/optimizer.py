@@ -64,6 +64,7 @@ class _Bucket:
         self.handle = None
         self.kind = None        # "dense" | "sparse" | "shared"
         self.payload = None     # the SparsePayload sent (shared-index path)
+        self.launched_finite = True   # False: this rank sent zeros (NaN/Inf gradient)
         self.lowrank = None     # PowerSGD state between its two collectives
 
 
@@ -117,7 +118,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"local_clip_norm must be > 0 or None, got {local_clip_norm!r}")
         self.local_clip_norm = local_clip_norm
         self._lowrank_q: Dict[tuple, torch.Tensor] = {}   # PowerSGD warm start per (param, rank)
-        if getattr(self._compressor_factory(10.0), "low_rank", False) and controller.needs_consensus \
+        sample_compressor = self._compressor_factory(10.0)   # for type checks and the start-up check
+        if getattr(sample_compressor, "low_rank", False) and controller.needs_consensus \
                 and not controller.needs_accumulation:
             raise ValueError("controller GraVAC needs a sparsifying compressor (multi-level "
                              "compression); use PowerSGD with Dense, StaticCF or Accordion")
@@ -125,7 +127,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if hasattr(controller, "set_world_size"):
             controller.set_world_size(self._world)
         if check_consistency and self._world > 1:
-            self._check_consistency(trainable)
+            self._check_consistency(trainable, sample_compressor)
 
         self._synchronized = False
         self._should_synchronize = True
@@ -136,11 +138,11 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(p)) for _, p in trainable]
 
     # -- start-up ----------------------------------------------------------------------
-    def _check_consistency(self, trainable):
+    def _check_consistency(self, trainable, sample_compressor):
         """Fail on every rank, with the difference named, if ranks disagree on set-up."""
         mine = {"controller": self.controller.config(),
                 "momentum_correction": self._memory.momentum, "local_clip_norm": self.local_clip_norm,
-                "compressor": repr(self._compressor_factory(10.0)),
+                "compressor": repr(sample_compressor),
                 "backward_passes_per_step": self.backward_passes_per_step,
                 "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in trainable]}
         everyone = comm.allgather_object(mine, name="gravac.consistency", timeout=self._timeout)
@@ -189,7 +191,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         """Error feedback, compression and the start of this bucket's collective."""
         t0 = time.perf_counter()
         decision = self.controller.decision
-        bucket.launched_finite = True
         for p in bucket.params:
             if p.grad is None:   # unused this step here, maybe used on another rank
                 p.grad = torch.zeros_like(p)
