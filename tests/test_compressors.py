@@ -150,3 +150,33 @@ def test_dgc_momentum_correction_and_masking():
     assert v.tolist() == [2.5, 4.0, 5.5, 1.0]
     with pytest.raises(ValueError, match="momentum_correction"):
         ErrorFeedback(momentum=1.5)
+
+
+@pytest.mark.parametrize("make", [lambda: TopKCompressor(cf=7), lambda: RandomKCompressor(cf=7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decompress_into_a_reused_buffer_matches_a_fresh_one(make, dtype):
+    comp = make()
+    t = laplace(3000).to(dtype).view(30, 100)
+    payload, ctx = comp.compress(t)
+    buf = torch.full((3000,), 7.0, dtype=dtype)        # stale contents must be overwritten
+    got = comp.decompress(payload, ctx, out=buf)
+    assert torch.equal(got, comp.decompress(payload, ctx)) and got.shape == t.shape
+    assert got.data_ptr() == buf.data_ptr()            # written in place, no new allocation
+
+
+def test_decompress_rejects_a_wrong_buffer():
+    comp = TopKCompressor(cf=10)
+    payload, ctx = comp.compress(laplace(100))
+    for bad in (torch.zeros(99), torch.zeros(100, dtype=torch.float64), torch.zeros(200)[::2], "buf"):
+        with pytest.raises(ValueError, match="out must be"):
+            comp.decompress(payload, ctx, out=bad)
+
+
+def test_stratified_strata_interleave_long_and_short():
+    """Each half of the tensor is sampled at the same rate (long strata are not bunched)."""
+    g = torch.Generator().manual_seed(1)
+    counts = torch.zeros(1003)
+    for _ in range(4000):
+        counts[stratified_indices(1003, 400, g)] += 1
+    first, second = counts[:501].mean(), counts[501:].mean()
+    assert abs(first - second) / (4000 * 400 / 1003) < 0.01
