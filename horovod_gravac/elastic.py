@@ -72,7 +72,11 @@ def clear_in_flight(optimizer) -> None:
     """Forget a step that was interrupted (buckets launched, collectives never finished).
 
     After a ``HorovodInternalError`` the handles of the interrupted step are dead; the
-    next ``zero_grad()`` would otherwise refuse to run ("called before step()")."""
+    next ``zero_grad()`` would otherwise refuse to run ("called before step()").  A
+    consensus exchange still in flight is let finish (its collectives fail with the old
+    world) and ignored, so it cannot overwrite the state restored afterwards."""
+    if hasattr(optimizer, "_drop_consensus"):
+        optimizer._drop_consensus()
     for bucket in optimizer._buckets:
         bucket.reset()
         if getattr(bucket, "lowrank", None) is not None:

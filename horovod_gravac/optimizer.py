@@ -18,6 +18,10 @@ After the collectives complete, one small allreduce averages the step's squared
 norms and time across ranks, the controller turns them into the next decision,
 and rank 0's decision is broadcast (``hvd.broadcast_object``) so every rank calls
 the same collectives in the next step.  Static controllers skip that exchange.
+The exchange (about three collective round trips) runs on a helper thread while the
+next step's forward and backward passes run; the first bucket of the next step
+waits for it, so the decision sequence is exactly what a synchronous exchange gives
+(``overlap_consensus=False`` does it synchronously).
 
 Non-finite gradients: a rank whose bucket holds a NaN/Inf contributes zeros for
 that bucket in that step and leaves its residual untouched; every rank receives
@@ -26,6 +30,7 @@ the same aggregate, so parameters stay identical.  The event is counted in
 """
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import time
 import zlib
@@ -86,7 +91,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compressor, controller: Controller,
                  backward_passes_per_step: int = 1, bucket_cap_mb: float = 25.0,
                  check_consistency: bool = True, momentum_correction: Optional[float] = None,
-                 local_clip_norm: Optional[float] = None, timeout_s: Optional[float] = None):
+                 local_clip_norm: Optional[float] = None, timeout_s: Optional[float] = None,
+                 overlap_consensus: bool = True):
         super(self.__class__, self).__init__(params)
         if not isinstance(controller, Controller):
             raise ValueError(f"controller must be a horovod_gravac controller "
@@ -98,7 +104,12 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 or not 0 < bucket_cap_mb < float("inf"):
             raise ValueError(f"bucket_cap_mb must be a finite number > 0, got {bucket_cap_mb!r}")
         self._timeout = comm.resolve_timeout(timeout_s)   # seconds per collective (inf: none)
-        self.controller = controller
+        if not isinstance(overlap_consensus, bool):
+            raise ValueError(f"overlap_consensus must be True or False, got {overlap_consensus!r}")
+        self.overlap_consensus = overlap_consensus
+        self._consensus_thread: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pending = None   # (future, stats dict) of a consensus exchange still running
+        self._controller = controller
         self.backward_passes_per_step = backward_passes_per_step
         self._compressor_factory = _compressor_factory(compressor)
         self._compressors: Dict[float, SparseCompressor] = {}
@@ -134,7 +145,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._step_index = 0
         self._step_start: Optional[float] = None
         self._reset_step_counters()
-        self.stats: Dict[str, float] = {}
+        self._stats: Dict[str, float] = {}
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(p)) for _, p in trainable]
 
     # -- start-up ----------------------------------------------------------------------
@@ -190,6 +201,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def _launch(self, bucket: _Bucket) -> None:
         """Error feedback, compression and the start of this bucket's collective."""
         t0 = time.perf_counter()
+        self._await_consensus()   # the previous step's exchange decides this step
         decision = self.controller.decision
         for p in bucket.params:
             if p.grad is None:   # unused this step here, maybe used on another rank
@@ -382,6 +394,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = True
 
     def _finish_step(self, comm_time: float):
+        self._await_consensus()   # normally done by the first bucket; not if there is none
         now = time.perf_counter()
         step_time = now - self._step_start
         decision = self.controller.decision
@@ -397,37 +410,84 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             acc_sq = 0.0
             interval = getattr(ctrl, "interval", None)
             at_boundary = interval is not None and (ctrl.step + 1) % interval == 0
-            if at_boundary:
+            if at_boundary:   # Accordion: the interval's gradient sum, then start a new sum
                 acc_sq = sum(float(b.accumulated.double().pow(2).sum()) for b in self._buckets
                              if b.accumulated is not None)
-            n = self._norms
-            glob = comm.allreduce_mean([float(n[0]), float(n[1]), float(n[2]), step_time,
-                                        self._grad_sq, acc_sq, float(self._nonfinite > 0)],
-                                       name="gravac.stats", timeout=self._timeout).tolist()
-            obs = StepObservation(ef_sq=glob[0], min_sq=glob[1], candidate_sq=glob[2],
-                                  step_time=glob[3], samples=float(self._world), grad_sq=glob[4],
-                                  accumulated_sq=glob[5] if at_boundary else None, finite=glob[6] == 0.0)
-            local = ctrl.observe(obs)
-            agreed = comm.broadcast_object(local, name="gravac.decision", timeout=self._timeout)
-            if agreed != local:
-                warnings.warn(f"horovod_gravac: rank {comm.rank()} decided {local} but rank 0 "
-                              f"decided {agreed}; following rank 0")
-            ctrl.adopt(agreed)
-            if at_boundary:
                 for b in self._buckets:
                     if b.accumulated is not None:
                         b.accumulated.zero_()
-            stats.update({"gain_min": getattr(ctrl, "gain_min", None),
-                          "gain_candidate": getattr(ctrl, "gain_candidate", None),
-                          "system_throughput": ctrl.last.get("system_throughput"),
-                          "compression_throughput": ctrl.last.get("compression_throughput"),
-                          "next_cf": agreed.send_cf})
+            n = self._norms
+            local = [float(n[0]), float(n[1]), float(n[2]), step_time, self._grad_sq, acc_sq,
+                     float(self._nonfinite > 0)]
+            stats.update(dict.fromkeys(_CONSENSUS_STATS))   # filled in by the exchange
+            if self.overlap_consensus:
+                if self._consensus_thread is None:
+                    self._consensus_thread = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix="gravac-consensus")
+                self._pending = (self._consensus_thread.submit(self._exchange, local, at_boundary), stats)
+            else:
+                stats.update(self._exchange(local, at_boundary))
         else:
             ctrl.observe(StepObservation(0.0, 0.0, 0.0, step_time))
-        self.stats = stats
+        self._stats = stats
         self._step_index += 1
         self._step_start = time.perf_counter()
         self._reset_step_counters()
+
+    # -- consensus -----------------------------------------------------------------------------
+    def _exchange(self, local: List[float], at_boundary: bool) -> dict:
+        """Average the step's measurements over ranks, decide, and adopt rank 0's decision.
+
+        Runs on the consensus thread (or inline); nothing else touches the controller
+        until ``_await_consensus`` has collected the result."""
+        ctrl = self._controller   # not the property: that would wait for this very exchange
+        glob = comm.allreduce_mean(local, name="gravac.stats", timeout=self._timeout).tolist()
+        obs = StepObservation(ef_sq=glob[0], min_sq=glob[1], candidate_sq=glob[2],
+                              step_time=glob[3], samples=float(self._world), grad_sq=glob[4],
+                              accumulated_sq=glob[5] if at_boundary else None, finite=glob[6] == 0.0)
+        mine = ctrl.observe(obs)
+        agreed = comm.broadcast_object(mine, name="gravac.decision", timeout=self._timeout)
+        if agreed != mine:
+            warnings.warn(f"horovod_gravac: rank {comm.rank()} decided {mine} but rank 0 "
+                          f"decided {agreed}; following rank 0")
+        ctrl.adopt(agreed)
+        return {"gain_min": getattr(ctrl, "gain_min", None),
+                "gain_candidate": getattr(ctrl, "gain_candidate", None),
+                "system_throughput": ctrl.last.get("system_throughput"),
+                "compression_throughput": ctrl.last.get("compression_throughput"),
+                "next_cf": agreed.send_cf}
+
+    def _await_consensus(self) -> None:
+        """Wait for the exchange still in flight (if any); complete its step's stats.
+        Its errors (e.g. ``CollectiveTimeoutError``) are raised here, once."""
+        if self._pending is None:
+            return
+        future, stats = self._pending
+        self._pending = None
+        stats.update(future.result())
+
+    def _drop_consensus(self) -> None:
+        """Let an exchange in flight finish and ignore its outcome (elastic recovery: its
+        collectives may have failed with the world they ran in)."""
+        if self._pending is not None:
+            future, _ = self._pending
+            self._pending = None
+            concurrent.futures.wait([future])
+
+    @property
+    def controller(self) -> Controller:
+        """The controller (Dense, StaticCF, GraVAC, Accordion).  Reading it waits for a
+        consensus exchange in flight, so its state is never half-updated."""
+        self._await_consensus()
+        return self._controller
+
+    @property
+    def stats(self) -> Dict[str, float]:
+        """What the last step did (see docs/API_CONTRACT.md).  Reading it waits for that
+        step's consensus exchange if it is still running, so the gains and ``next_cf``
+        are always filled in."""
+        self._await_consensus()
+        return self._stats
 
     def reset_timer(self) -> None:
         """Start timing the next step now. Call after pauses that are not training
@@ -462,6 +522,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     # -- state -------------------------------------------------------------------------------
     def gravac_state_dict(self) -> dict:
         """Controller state and residuals (per parameter name, so bucketing may change)."""
+        self._await_consensus()
         residuals = {}
         for b in self._buckets:
             buf = self._memory.residuals.get(b.index)
@@ -473,6 +534,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 "lowrank_q": {f"{n}|{r}": q.clone() for (n, r), q in self._lowrank_q.items()}}
 
     def load_gravac_state_dict(self, state: dict) -> None:
+        self._await_consensus()   # a late exchange must not overwrite the loaded controller
         self.controller.load_state_dict(state["controller"])
         self._step_index = int(state["step"])
         self._lowrank_q = {(k.rsplit("|", 1)[0], int(k.rsplit("|", 1)[1])): q.clone()
@@ -500,6 +562,10 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     def residual_bytes(self) -> int:
         return self._memory.nbytes()
+
+
+# Keys of ``stats`` that come from the consensus exchange (None until it completes).
+_CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compression_throughput", "next_cf")
 
 
 def _squared_norm(grads) -> float:
@@ -564,7 +630,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          bucket_cap_mb: float = 25.0, check_consistency: bool = True,
                          momentum_correction: Optional[float] = None,
                          local_clip_norm: Optional[float] = None,
-                         timeout_s: Optional[float] = None):
+                         timeout_s: Optional[float] = None, overlap_consensus: bool = True):
     """Wrap ``optimizer`` so gradients are averaged across Horovod ranks with adaptive
     (GraVAC), static or no compression.
 
@@ -588,6 +654,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         timeout_s: seconds any collective may take before this rank raises
             ``comm.CollectiveTimeoutError`` (a peer died or stalls) instead of hanging.
             ``None``: ``$HOROVOD_GRAVAC_TIMEOUT``, else 600; ``math.inf``: no limit.
+        overlap_consensus: run the per-step consensus exchange of adaptive controllers
+            (GraVAC, Accordion) on a helper thread, overlapped with the next step's
+            forward and backward passes (same decisions; ``False``: synchronously at
+            the end of ``step()``).
 
     After each step, ``optimizer.stats`` describes it (see docs/API_CONTRACT.md).
     """
@@ -596,4 +666,4 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                dict(_GravacDistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compressor, controller,
                backward_passes_per_step, bucket_cap_mb, check_consistency,
-               momentum_correction, local_clip_norm, timeout_s)
+               momentum_correction, local_clip_norm, timeout_s, overlap_consensus)

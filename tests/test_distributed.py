@@ -14,7 +14,8 @@ EXPECTED = ["dense_matches_horovod", "static_cf1_is_dense", "sparse_aggregate_by
             "identical_after_training", "uneven_k", "randomk_shared_sends_no_indices",
             "gravac_changes_cf_without_hang", "mismatched_config_fails_everywhere",
             "nan_gradient_keeps_ranks_identical", "backward_passes_per_step",
-            "powersgd_full_rank_equals_dense_and_accordion_switches"]
+            "powersgd_full_rank_equals_dense_and_accordion_switches",
+            "overlapped_consensus_matches_synchronous"]
 
 
 @pytest.mark.parametrize("np_", [2, 3])

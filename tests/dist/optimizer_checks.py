@@ -215,7 +215,7 @@ def check_nan_gradient_keeps_ranks_identical():
             assert flagged[-1] > 0 and all(f == 0 for f in flagged[:-1]), flagged
     for b, res in opt._memory.residuals.items():
         assert torch.isfinite(res).all(), "a residual was poisoned by NaN"
-    assert ctrl.gain_min is not None and ctrl.gain_min == ctrl.gain_min
+    assert opt.controller.gain_min is not None and opt.controller.gain_min == opt.controller.gain_min
     assert torch.isfinite(flat_params(model)).all()
     assert_identical_across_ranks(model, "nan")
     release(opt)
@@ -257,10 +257,32 @@ def check_powersgd_full_rank_equals_dense_and_accordion_switches():
     sent = []
     train(model, opt, 15, hook=lambda s, o: sent.append(o.stats["bytes_sent"]))
     assert_identical_across_ranks(model, "accordion-powersgd")
-    assert len(ctrl.history) == 5 and opt.stats["level"] != "dense"
+    assert len(opt.controller.history) == 5 and opt.stats["level"] != "dense"
     n_dense = sum(p.numel() for p in model.parameters())
     assert max(sent) < 4 * n_dense, "PowerSGD sent as much as dense"
     release(opt)
+
+
+
+def check_overlapped_consensus_matches_synchronous():
+    """The consensus exchange overlapped with the next step (default) gives the same
+    decisions, stats and parameters as the synchronous exchange, bitwise."""
+    runs = []
+    for overlap in (True, False):
+        model = make_model()
+        # No window boundary in 12 steps: decisions depend on gains only, not on timings.
+        opt = hg_opt(model, overlap_consensus=overlap,
+                     controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.5, window=1000))
+        seen = []
+        train(model, opt, 12, hook=lambda s, o: seen.append(
+            (o.stats["cf"], o.stats["next_cf"], o.stats["gain_min"], o.stats["gain_candidate"])))
+        runs.append((flat_params(model), seen, opt.controller.state_dict()["decision"]))
+        assert all(v is not None for row in seen[1:] for v in row[1:]), seen
+        release(opt)
+    (p_a, seen_a, d_a), (p_b, seen_b, d_b) = runs
+    assert seen_a == seen_b, f"overlapped {seen_a} vs synchronous {seen_b}"
+    assert d_a == d_b and torch.equal(p_a, p_b), "overlapped and synchronous runs differ"
+    assert len({row[0] for row in seen_a}) > 1, f"the CF never changed: {seen_a}"
 
 
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}

@@ -113,7 +113,8 @@ def _nonfinite_run(value, ranks, controller):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-        gains.append((getattr(controller, "gain_min", None), getattr(controller, "gain_candidate", None)))
+        ctrl = opt.controller   # through the optimizer: waits for the exchange in flight
+        gains.append((getattr(ctrl, "gain_min", None), getattr(ctrl, "gain_candidate", None)))
         if step == 4:
             flagged = hvd.allgather_object(opt.stats["nonfinite_buckets"], name=f"flag.{value}.{len(ranks)}")
             for r in range(SIZE):
@@ -490,7 +491,7 @@ def check_elastic_reset_world_size():
     opt = hg_opt(model, controller=ctrl)
     state = TorchState(model=model, optimizer=opt)
     train_steps(model, opt, 7)
-    assert opt.residual_bytes() > 0 and ctrl.throughput.compression
+    assert opt.residual_bytes() > 0 and opt.controller.throughput.compression
     x, y = batch(7)   # a step interrupted by the membership change
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
