@@ -1,0 +1,85 @@
+"""Host synchronisations per compressor call, counted on the CPU (issue 3, item 7).
+
+On an accelerator, a "host sync" is an operation whose result the host must know before
+it can go on: the output size of ``nonzero``/``masked_select``/``unique``, or a device
+scalar read into Python (``item``, ``float(t)``, ``bool(t)``: ``_local_scalar_dense``).
+A ``TorchDispatchMode`` sees every aten operation the compressors run, so the count is
+exact without a GPU.  The threshold compressors are forced onto the path they take on
+accelerators (one vectorised expression per kernel; the CPU path is chunked for cache
+reasons and syncs once per chunk, which costs nothing on a CPU).  The counts must match
+the docstrings and must not grow with the CF, the stages or the tensor size, i.e. no
+sync inside a loop.
+"""
+import collections
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import horovod_gravac.compressors.dgc as dgc_mod
+from horovod_gravac.compressors import (DGCCompressor, RandomKCompressor, RedSyncCompressor,
+                                        SIDCoCompressor, TopKCompressor)
+
+SYNC_OPS = {"aten::nonzero", "aten::nonzero_static", "aten::masked_select", "aten::_local_scalar_dense",
+            "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_consecutive",
+            "aten::unique_dim", "aten::repeat_interleave", "aten::is_nonzero", "aten::equal"}
+
+
+class SyncCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        if name in SYNC_OPS:
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def total(self):
+        return sum(self.ops.values())
+
+
+# compressor -> at most this many syncs per compress() / per compress_further()
+DOCUMENTED = {
+    "randomk": (RandomKCompressor, 0, 0),
+    "dgc": (DGCCompressor, 1, 1),
+    "redsync": (RedSyncCompressor, 2, 2),
+    "sidco-exponential": (lambda cf: SIDCoCompressor(cf, distribution="exponential"), 2, 2),
+    "sidco-gpareto": (lambda cf: SIDCoCompressor(cf, distribution="gpareto"), 2, 2),
+    "sidco-gamma": (lambda cf: SIDCoCompressor(cf, distribution="gamma"), 2, 2),
+}
+
+
+@pytest.fixture
+def accelerator_path(monkeypatch):
+    monkeypatch.setattr(dgc_mod, "_chunked", lambda flat: False)
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED))
+def test_host_syncs_per_call_are_few_and_constant(name, accelerator_path):
+    make, per_compress, per_further = DOCUMENTED[name]
+    seen = set()
+    for numel in (300_000, 1_200_000):
+        t = torch.distributions.Laplace(0.0, 1.0).sample((numel,))
+        for cf in (10, 100, 1000):
+            comp = make(cf)
+            with SyncCounter() as c:
+                payload, ctx = comp.compress(t)
+            assert c.total <= per_compress, (name, numel, cf, dict(c.ops))
+            with SyncCounter() as f:
+                comp.compress_further(payload, ctx, 10)
+            assert f.total <= per_further, (name, numel, cf, dict(f.ops))
+            seen.add(c.total)
+    assert max(seen) - min(seen) <= 1, f"{name}: sync count varies with size/CF: {sorted(seen)}"
+
+
+def test_decompress_does_not_sync():
+    comp = TopKCompressor(cf=100)
+    payload, ctx = comp.compress(torch.randn(100_000))
+    buf = torch.empty(100_000)
+    with SyncCounter() as c:
+        comp.decompress(payload, ctx)
+        comp.decompress(payload, ctx, out=buf)
+    assert c.total == 0, dict(c.ops)
