@@ -155,17 +155,35 @@ def _from_bytes(t: torch.Tensor):
     return cloudpickle.load(io.BytesIO(t.numpy().tobytes()))
 
 
+# Objects up to this many pickled bytes travel inline in broadcast_object's first collective.
+_INLINE_BYTES = 1016
+
+
 def broadcast_object(obj, name: str, timeout: Optional[float] = None):
     """Rank 0's object on every rank (pickled; every rank must call this).
-    Two broadcasts (size, bytes), each bounded by ``timeout``."""
+
+    One broadcast of a fixed-size header that carries the pickle's length and, when it
+    fits (up to ``_INLINE_BYTES``; a GraVAC decision is ~200), the pickle itself; a
+    second broadcast only for larger objects.  Each is bounded by ``timeout``.
+    (``hvd.broadcast_object`` always needs two: the receivers do not know the size.)"""
     root = hvd.rank() == 0
     data = _to_bytes(obj) if root else None
-    size_t = torch.tensor([data.numel() if root else 0], dtype=torch.int64)
-    wait(hvd.broadcast_async_(size_t, 0, name=name + ".sz"), name + ".sz", timeout)
-    if not root:
-        data = torch.zeros(int(size_t.item()), dtype=torch.uint8)
+    head = torch.zeros(8 + _INLINE_BYTES, dtype=torch.uint8)
+    if root:
+        head[:8].view(torch.int64)[0] = data.numel()
+        if data.numel() <= _INLINE_BYTES:
+            head[8:8 + data.numel()] = data
+    wait(hvd.broadcast_async_(head, 0, name=name + ".head"), name + ".head", timeout)
+    size = int(head[:8].view(torch.int64)[0])
+    if root:
+        if size > _INLINE_BYTES:
+            wait(hvd.broadcast_async_(data, 0, name=name + ".t"), name + ".t", timeout)
+        return obj
+    if size <= _INLINE_BYTES:
+        return _from_bytes(head[8:8 + size])
+    data = torch.zeros(size, dtype=torch.uint8)
     wait(hvd.broadcast_async_(data, 0, name=name + ".t"), name + ".t", timeout)
-    return obj if root else _from_bytes(data)
+    return _from_bytes(data)
 
 
 def allgather_object(obj, name: str, timeout: Optional[float] = None):

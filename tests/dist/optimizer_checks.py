@@ -280,9 +280,28 @@ def check_overlapped_consensus_matches_synchronous():
         assert all(v is not None for row in seen[1:] for v in row[1:]), seen
         release(opt)
     (p_a, seen_a, d_a), (p_b, seen_b, d_b) = runs
-    assert seen_a == seen_b, f"overlapped {seen_a} vs synchronous {seen_b}"
-    assert d_a == d_b and torch.equal(p_a, p_b), "overlapped and synchronous runs differ"
+    # Same decisions exactly. Gains and parameters bitwise on 2 ranks; on 3, Horovod's
+    # timing-based tensor fusion may change the order of a ring allreduce's sums between
+    # two runs (never between the ranks of one run), so they agree to rounding only.
+    assert [r[:2] for r in seen_a] == [r[:2] for r in seen_b] and d_a == d_b, \
+        f"overlapped {seen_a} vs synchronous {seen_b}"
+    if SIZE == 2:
+        assert seen_a == seen_b and torch.equal(p_a, p_b), "overlapped and synchronous runs differ"
+    else:
+        gains = torch.tensor([r[2:] for r in seen_a[1:]]) - torch.tensor([r[2:] for r in seen_b[1:]])
+        assert gains.abs().max() < 1e-6 and torch.allclose(p_a, p_b, atol=1e-6)
     assert len({row[0] for row in seen_a}) > 1, f"the CF never changed: {seen_a}"
+
+
+
+def check_broadcast_object_small_and_large():
+    """Rank 0's object arrives intact whether it fits the inline header or needs a
+    second broadcast; other ranks' objects are ignored."""
+    from horovod_gravac import comm
+    for i, size in enumerate((0, 10, comm._INLINE_BYTES - 40, comm._INLINE_BYTES + 1, 50_000)):
+        mine = {"rank": RANK, "blob": bytes([RANK % 256]) * size}
+        got = comm.broadcast_object(mine, name=f"check.bcast.{i}", timeout=60)
+        assert got == {"rank": 0, "blob": b"\x00" * size}, (size, got["rank"], len(got["blob"]))
 
 
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
