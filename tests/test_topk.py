@@ -1,0 +1,209 @@
+"""Exactness of Top-k's sampled-threshold selection (``horovod_gravac.compressors.topk``).
+
+The CPU path (NumPy) is checked index for index against a reference that states its
+rule: the k largest magnitudes, NaN largest, ties at the k-th magnitude resolved
+towards the lowest flat index.  The accelerator path (torch ops; run here on CPU
+tensors) is checked on the kept magnitudes.  Sizes straddle the thresholds of the
+implementation (tiny / exact / sampled, chunk boundaries), inputs include heavy ties,
+all-zero and mostly-zero tensors, NaN, k = 1 and k close to n, and both forced misses
+of the sampled threshold.
+"""
+import numpy as np
+import pytest
+import torch
+
+from horovod_gravac.compressors import TopKCompressor, kept_count
+from horovod_gravac.compressors import topk as T
+from horovod_gravac.compressors.topk import topk_indices
+
+CHUNK = T._CHUNK
+SIZES = [T._TINY - 1, T._TINY + 1, T._SMALL, T._SMALL + 1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 7, 300_001]
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def reference(x: torch.Tensor, k: int) -> set:
+    """Top-k of |x| by the stated rule: NaN largest, then magnitude, ties to the lowest index."""
+    m = x.detach().reshape(-1).float().abs().numpy().astype(np.float64)
+    nan = np.isnan(m)
+    order = np.lexsort((np.arange(m.size), -np.where(nan, 0.0, m), -nan.astype(np.int8)))
+    return set(order[:k].tolist())
+
+
+def data(kind: str, n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "laplace":
+        return torch.distributions.Laplace(0.0, 1.0).sample((n,))
+    if kind == "normal":
+        return torch.randn(n, generator=g)
+    if kind == "ties":        # magnitudes 0..3, heavy ties at every threshold
+        return torch.randint(-3, 4, (n,), generator=g).float()
+    if kind == "constant":
+        return torch.full((n,), -1.5)
+    if kind == "zeros":
+        return torch.zeros(n)
+    if kind == "sparse":      # 0.5 % nonzeros: below k at CF 10 and 100, above it at CF 1000
+        return torch.randn(n, generator=g) * (torch.rand(n, generator=g) < 0.005)
+    if kind == "blocky":      # large entries clustered in a few runs (like a layer of large gradients)
+        x = torch.randn(n, generator=g) * 1e-3
+        x[n // 3:n // 3 + n // 50] *= 1e4
+        return x
+    raise ValueError(kind)
+
+
+def check_cpu(x: torch.Tensor, k: int, generator=None):
+    got = topk_indices(x, k, generator)
+    assert got.dtype == torch.int64 and got.numel() == k
+    assert torch.unique(got).numel() == k, "repeated index"
+    n = x.numel()
+    if n > T._TINY:   # the NumPy path: index for index
+        assert set(got.tolist()) == reference(x, k)
+    else:             # torch.topk: same magnitudes
+        want = torch.topk(x.abs().float(), k).values
+        assert torch.equal(x.abs().float()[got].sort().values, want.sort().values)
+    return got
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("cf", [1.5, 2, 10, 100, 1000])
+def test_exact_across_sizes_and_cfs(n, cf):
+    check_cpu(data("laplace", n), kept_count(n, cf))
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "constant", "zeros", "sparse", "blocky"])
+@pytest.mark.parametrize("n", [T._TINY + 1, 2 * CHUNK + 7])
+@pytest.mark.parametrize("cf", [2, 10, 1000])
+def test_exact_on_ties_zeros_and_clusters(kind, n, cf):
+    check_cpu(data(kind, n), kept_count(n, cf))
+
+
+@pytest.mark.parametrize("n", [T._TINY + 1, 300_001])
+def test_extreme_k(n):
+    x = data("laplace", n)
+    for k in (1, 2, n - 1000, n - 1):
+        check_cpu(x, k)
+    assert torch.equal(topk_indices(x, n), torch.arange(n))
+    assert topk_indices(x, 0).numel() == 0
+
+
+def test_few_nonzeros_are_all_kept_and_topped_up_with_the_first_zeros():
+    n, k = 200_000, 20_000
+    x = torch.zeros(n)
+    nz = torch.randperm(n)[:300]
+    x[nz] = torch.randn(300)
+    got = check_cpu(x, k)
+    assert set(nz.tolist()) <= set(got.tolist())
+
+
+def test_nan_counts_as_largest():
+    for n in (T._TINY - 1, 100_000):
+        x = data("laplace", n)
+        x[[5, 77, n - 1]] = float("nan")
+        x[9] = float("inf")
+        got = set(topk_indices(x, 10).tolist())
+        assert {5, 77, n - 1, 9} <= got
+        if n > T._TINY:
+            assert got == reference(x, 10)
+    x = torch.full((100_000,), float("nan"))
+    x[:10] = 1.0
+    assert set(topk_indices(x, 99_995).tolist()) == reference(x, 99_995)   # more NaNs than k
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_dtypes_and_views(dtype):
+    x = data("laplace", 2 * CHUNK + 7).to(dtype)
+    check_cpu(x, 3000)
+    v = x[:x.numel() // 7 * 7].view(-1, 7)[:, 2]      # non-contiguous view
+    check_cpu(v, 500)
+
+
+def test_result_does_not_depend_on_the_sample():
+    x = data("ties", 300_001)
+    a = topk_indices(x, 30_000, torch.Generator().manual_seed(1))
+    b = topk_indices(x, 30_000, torch.Generator().manual_seed(2))
+    assert set(a.tolist()) == set(b.tolist())
+
+
+def test_missed_thresholds_fall_back_exactly(monkeypatch):
+    x = data("laplace", 300_001)
+    # Thresholds far above the k-th magnitude: both sampled attempts keep too few, then exact.
+    monkeypatch.setattr(T, "_SIGMAS", (-50.0, -40.0))
+    calls = []
+    real = T._candidates
+    monkeypatch.setattr(T, "_candidates", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    check_cpu(x, 30_000)
+    assert len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(T, "_SIGMAS", (-50.0, 12.0))   # the retry succeeds
+    check_cpu(x, 30_000)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("upper", [None, 0.0, 0.35, 0.6, float("nan")])
+def test_drop_smallest_with_any_upper_bound(upper):
+    rng = np.random.default_rng(0)
+    vals = rng.integers(0, 8, 5000).astype(np.float32) / 10      # ties everywhere
+    idx = np.sort(rng.choice(10 ** 6, 5000, replace=False))
+    k = 3000
+    out = T._drop_smallest(idx.copy(), vals, k, upper)
+    order = np.lexsort((np.arange(vals.size), -vals))[:k]
+    assert sorted(out.tolist()) == sorted(idx[order].tolist())
+
+
+def test_mostly_ascending_order():
+    x = data("laplace", 300_001)
+    got = topk_indices(x, 30_000)
+    assert float((got[1:] > got[:-1]).float().mean()) > 0.7
+
+
+@pytest.mark.parametrize("n,a,b", [(300_001, 10, 100), (300_001, 10, 10), (70_000, 3, 7), (20_000, 2, 50)])
+@pytest.mark.parametrize("kind", ["laplace", "ties", "sparse"])
+def test_multilevel_equals_direct(n, a, b, kind):
+    x = data(kind, n)
+    comp = TopKCompressor(cf=a)
+    payload, ctx = comp.compress(x)
+    two_level = comp.compress_further(payload, ctx, b)
+    direct, _ = TopKCompressor(cf=a * b).compress(x)
+    assert two_level.indices.numel() == direct.indices.numel() == kept_count(n, a * b)
+    assert torch.equal(two_level.values.abs().sort().values, direct.values.abs().sort().values)
+    if kind == "laplace":   # no ties: the same entries
+        assert set(two_level.indices.tolist()) == set(direct.indices.tolist())
+
+
+def test_compressor_leaves_the_global_rng_alone_and_is_deterministic():
+    x = data("laplace", 300_001)
+    state = torch.random.get_rng_state()
+    p1, _ = TopKCompressor(cf=100).compress(x)
+    p2, _ = TopKCompressor(cf=100).compress(x)
+    assert torch.equal(state, torch.random.get_rng_state())
+    assert torch.equal(p1.indices, p2.indices) and torch.equal(p1.values, p2.values)
+
+
+# -- the accelerator path, run on CPU tensors ------------------------------------------------
+@pytest.mark.parametrize("kind", ["laplace", "ties", "sparse", "zeros"])
+@pytest.mark.parametrize("cf", [5, 100, 1000])
+def test_device_path_is_exact(kind, cf):
+    x = data(kind, 300_001)
+    k = kept_count(x.numel(), cf)
+    got = T._topk_torch(x, k, torch.Generator().manual_seed(0))
+    assert got.numel() == k and torch.unique(got).numel() == k
+    m = x.abs()
+    assert torch.equal(m[got].sort().values, torch.topk(m, k).values.sort().values)
+
+
+def test_device_path_syncs_once(monkeypatch):
+    """On an accelerator the only host sync is the output size of one ``nonzero``, whatever happens."""
+    x = data("laplace", 300_001)
+    want = torch.topk(x.abs(), 3000).values.sort().values
+    calls = []
+    real = torch.nonzero
+    monkeypatch.setattr(torch, "nonzero", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for sigmas in ((4.0, 12.0), (-50.0, 12.0), (-50.0, -40.0)):   # normal, first misses, both miss
+        monkeypatch.setattr(T, "_SIGMAS", sigmas)
+        calls.clear()
+        got = T._topk_torch(x, 3000, torch.Generator().manual_seed(0))
+        assert len(calls) == 1, sigmas
+        assert torch.equal(x.abs()[got].sort().values, want), sigmas
