@@ -8,9 +8,12 @@ implementation (tiny / exact / sampled, chunk boundaries), inputs include heavy 
 all-zero and mostly-zero tensors, NaN, k = 1 and k close to n, and both forced misses
 of the sampled threshold.
 """
+import collections
+
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from horovod_gravac.compressors import TopKCompressor, kept_count
 from horovod_gravac.compressors import topk as T
@@ -207,3 +210,37 @@ def test_device_path_syncs_once(monkeypatch):
         got = T._topk_torch(x, 3000, torch.Generator().manual_seed(0))
         assert len(calls) == 1, sigmas
         assert torch.equal(x.abs()[got].sort().values, want), sigmas
+
+
+class SyncCounter(TorchDispatchMode):
+    """Counts the aten operations that make an accelerator wait for the host (as tests/test_host_syncs.py)."""
+
+    SYNC_OPS = {"aten::nonzero", "aten::nonzero_static", "aten::masked_select", "aten::_local_scalar_dense",
+                "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_consecutive",
+                "aten::unique_dim", "aten::repeat_interleave", "aten::is_nonzero", "aten::equal"}
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in self.SYNC_OPS:
+            self.ops[func._schema.name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_compressor_on_the_accelerator_path_syncs_at_most_once_per_call(monkeypatch):
+    monkeypatch.setattr(T, "_numpy_path", lambda values: False)
+    for n in (1000, 100_000, 300_001, 1_200_000):
+        x = data("laplace", n)
+        for cf in (2, 10, 100, 1000):
+            comp = TopKCompressor(cf=cf)
+            with SyncCounter() as c:
+                payload, ctx = comp.compress(x)
+            want = 1 if n > T._SMALL_DEVICE and cf >= 4 else 0
+            assert sum(c.ops.values()) == want, (n, cf, dict(c.ops))
+            with SyncCounter() as f:
+                further = comp.compress_further(payload, ctx, 10)
+            assert sum(f.ops.values()) <= 1, (n, cf, dict(f.ops))
+            direct, _ = TopKCompressor(cf=cf * 10).compress(x)
+            assert torch.equal(further.values.abs().sort().values, direct.values.abs().sort().values)

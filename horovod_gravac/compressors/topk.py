@@ -93,7 +93,7 @@ def _topk(values: torch.Tensor, k: int, generator) -> torch.Tensor:
         return torch.empty(0, dtype=torch.int64, device=values.device)
     if n <= _TINY:   # fixed costs dominate: one call
         return torch.topk(values.abs(), k, sorted=False).indices
-    if values.device.type == "cpu":
+    if _numpy_path(values):
         if values.dtype not in (torch.float32, torch.float64):
             values = values.float()   # NumPy has no bfloat16; float16 arithmetic is emulated there
         return torch.from_numpy(_topk_numpy(values.contiguous().numpy(), k, generator))
@@ -101,6 +101,11 @@ def _topk(values: torch.Tensor, k: int, generator) -> torch.Tensor:
 
 
 # -- CPU ------------------------------------------------------------------------------------
+def _numpy_path(values: torch.Tensor) -> bool:
+    """CPU tensors go through NumPy (tests force the accelerator path by patching this)."""
+    return values.device.type == "cpu"
+
+
 def sample_size(n: int, k: int) -> int:
     """CPU sample size for ``k`` of ``n``: balances the sample's random reads against excess candidates."""
     return min(n, max(_SAMPLE_MIN, min(_SAMPLE_MAX, int(_SAMPLE_SCALE * (k * n) ** (1.0 / 3.0)))))
