@@ -16,6 +16,14 @@ Text data sets (word level, PTB conventions: one sentence per line, ``<eos>`` ap
     of English prose with code examples), tokenised PTB-style into a corpus of about
     75K words. Always present wherever Python is, so the LSTM default needs no download.
 
+Hashed sparse-feature data sets (classification over bags of hashed feature ids)
+    ``pydoc-chars`` -- next-character prediction on the same pydoc topics text (the raw
+    characters of the same paragraphs and the same train/valid/test split as ``pydoc``):
+    each example is one position of the text, its features the hashed 1..5-character
+    contexts before it, its label the character at that position (about 368K training,
+    46K validation and 50K test positions, 100 classes with Python 3.11's text). See
+    :func:`load_pydoc_chars`.
+
 Everything is held in memory as tensors; a training batch is an ``index_select``.
 
 Sharding over Horovod ranks
@@ -45,10 +53,13 @@ import torch
 __all__ = ["DatasetNotFound", "ImageData", "TextCorpus", "load_cifar", "load_digits_data",
            "load_ptb", "load_pydoc_corpus", "load_image_dataset", "load_text_dataset",
            "ShardedBatches", "batchify", "batchify_for_rank", "BPTTStream", "shard_indices",
-           "IMAGE_DATASETS", "TEXT_DATASETS", "write_ptb_files", "tokenize_ptb_style"]
+           "IMAGE_DATASETS", "TEXT_DATASETS", "write_ptb_files", "tokenize_ptb_style",
+           "FeatureData", "FEATURE_DATASETS", "hash_context_features", "pydoc_paragraphs",
+           "load_pydoc_chars", "load_feature_dataset"]
 
 IMAGE_DATASETS = ("cifar10", "cifar100", "digits")
 TEXT_DATASETS = ("ptb", "pydoc")
+FEATURE_DATASETS = ("pydoc-chars",)
 
 CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
 CIFAR100_FILES = ("train", "test", "meta")
@@ -491,3 +502,126 @@ class BPTTStream:
         for i in range(0, streams.size(0) - 1, bptt):
             n = min(bptt, streams.size(0) - 1 - i)
             yield streams[i:i + n], streams[i + 1:i + 1 + n]
+
+
+# =========================================================================== hashed features
+@dataclass
+class FeatureData:
+    """An in-memory classification data set over hashed sparse features.
+
+    ``train_x``/``valid_x``/``test_x`` are ``N x F`` int64 feature ids in
+    ``[0, num_buckets)``: row ``i`` is the bag of ``F`` features active in example ``i``
+    (an ``EmbeddingBag`` input). Labels are int64 in ``[0, num_classes)``. It has the
+    interface :class:`ShardedBatches` and the trainer's evaluation use for images
+    (``prepare`` returns the ids unchanged).
+    """
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    valid_x: torch.Tensor
+    valid_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    num_buckets: int
+    class_names: Optional[List[str]] = None
+
+    def to(self, device) -> "FeatureData":
+        for name in ("train_x", "train_y", "valid_x", "valid_y", "test_x", "test_y"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
+    @property
+    def features_per_example(self) -> int:
+        return int(self.train_x.shape[1])
+
+    def prepare(self, x: torch.Tensor, train: bool, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        return x
+
+
+_HASH_MOD = (1 << 31) - 1      # a prime: h * _HASH_MUL stays far inside int64
+_HASH_MUL = 1_000_003
+
+
+def hash_context_features(ids: torch.Tensor, orders: int, num_buckets: int, boundary: int) -> torch.Tensor:
+    """Hashed left contexts of every position of a 1-D id stream: ``len(ids) x orders``.
+
+    Column ``o - 1`` holds the bucket of the ``o`` ids just before the position (the
+    context of order ``o``); positions closer than ``o`` to the start see ``boundary``
+    ids before the stream. The hash is a polynomial over the ids modulo a prime,
+    mixed with the order, then reduced to ``[0, num_buckets)``: deterministic, the
+    same on every machine. Different contexts may share a bucket (the hashing trick).
+    """
+    if ids.dim() != 1:
+        raise ValueError("ids must be a 1-D stream")
+    if orders < 1 or num_buckets < 1:
+        raise ValueError(f"orders and num_buckets must be >= 1, got {orders} and {num_buckets}")
+    n = ids.numel()
+    padded = torch.cat([torch.full((orders,), int(boundary), dtype=torch.int64), ids.to(torch.int64)])
+    h = torch.zeros(n, dtype=torch.int64)
+    out = []
+    for o in range(1, orders + 1):
+        h = (h * _HASH_MUL + padded[orders - o:orders - o + n] + 1) % _HASH_MOD
+        out.append((h * 40503 + o * 1_000_033) % num_buckets)
+    return torch.stack(out, 1).contiguous()
+
+
+def pydoc_paragraphs(split_every: int = 10) -> List[List[str]]:
+    """The pydoc topics' paragraphs as ``[train, valid, test]`` lists of raw text.
+
+    The same paragraphs, in the same order and split, as :func:`load_pydoc_corpus`
+    (a paragraph that gives no word tokens, e.g. a ``*****`` underline, is skipped and
+    not counted). Lines keep their indentation; trailing blanks are dropped.
+    """
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as e:  # pragma: no cover - part of the standard library
+        raise DatasetNotFound("pydoc: this Python has no pydoc_data.topics module") from e
+    parts: List[List[str]] = [[], [], []]
+    p = 0
+    for key in sorted(topics):
+        for para in re.split(r"\n\s*\n", topics[key]):
+            if not any(tokenize_ptb_style(ln) for ln in para.splitlines()):
+                continue
+            r = p % split_every
+            text = "\n".join(ln.rstrip() for ln in para.strip("\n").splitlines())
+            parts[1 if r == split_every - 2 else 2 if r == split_every - 1 else 0].append(text)
+            p += 1
+    return parts
+
+
+def load_pydoc_chars(orders: int = 5, num_buckets: int = 1 << 18, min_count: int = 5,
+                     split_every: int = 10) -> FeatureData:
+    """Next-character prediction on the pydoc topics text, as hashed context features.
+
+    Each split is one stream: its paragraphs joined by blank lines (``"\\n\\n"`` after
+    every paragraph). The classes are the characters seen at least ``min_count``
+    times in train (most frequent first), plus class 0 for every other character
+    (``"<unk>"``). Example ``t`` of a stream has the label of character ``t`` and the
+    features :func:`hash_context_features` of the ``1..orders`` characters before it
+    (a stream starts with boundary symbols, so no example sees another split's text).
+    This is the input of a fastText-style model (summed embeddings of the hashed
+    n-grams, then a linear layer): only the rows of the contexts in a batch get a
+    gradient. Nothing is downloaded: the text ships with CPython.
+    """
+    if orders < 1 or num_buckets < 1 or min_count < 1:
+        raise ValueError(f"orders, num_buckets and min_count must be >= 1, got {orders}, "
+                         f"{num_buckets}, {min_count}")
+    texts = ["".join(par + "\n\n" for par in part) for part in pydoc_paragraphs(split_every)]
+    counts = Counter(texts[0])
+    chars = sorted((c for c, n in counts.items() if n >= min_count), key=lambda c: (-counts[c], c))
+    index = {c: i + 1 for i, c in enumerate(chars)}
+    num_classes = len(chars) + 1
+    tensors = []
+    for text in texts:
+        ids = torch.tensor([index.get(c, 0) for c in text], dtype=torch.int64)
+        tensors += [hash_context_features(ids, orders, num_buckets, boundary=num_classes), ids]
+    return FeatureData("pydoc-chars", *tensors, num_classes=num_classes, num_buckets=num_buckets,
+                       class_names=["<unk>"] + chars)
+
+
+def load_feature_dataset(name: str, path: Optional[str] = None) -> FeatureData:
+    if name == "pydoc-chars":
+        return load_pydoc_chars()
+    raise ValueError(f"unknown feature data set {name!r}; choose one of {', '.join(FEATURE_DATASETS)}")

@@ -13,6 +13,11 @@ milliseconds; the defaults are the paper's sizes.
   tied input/output embeddings.
 - :class:`TinyCNN` and :func:`tiny_lstm`: the small models of the embedded default
   run (8x8 digits, a small text corpus).
+- :class:`HashedNGram`: a fastText-style classifier over hashed sparse features (the
+  summed embeddings of an example's feature ids, then a linear layer), e.g. next-character
+  prediction from hashed character contexts. Only the embedding rows of the features in
+  a batch get a gradient, so its gradients are very sparse (see ``train.py``'s
+  ``ngram-pydoc-chars`` preset).
 
 :func:`build_model` maps the training script's ``--model`` names to these.
 """
@@ -25,9 +30,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["Bottleneck", "ResNet", "resnet101", "VGG", "vgg16", "LSTMLanguageModel", "lstm_lm",
-           "TinyCNN", "tiny_lstm", "build_model", "count_parameters", "MODEL_NAMES"]
+           "TinyCNN", "tiny_lstm", "HashedNGram", "build_model", "count_parameters", "MODEL_NAMES"]
 
-MODEL_NAMES = ("resnet101", "vgg16", "lstm", "tinycnn", "tinylstm")
+MODEL_NAMES = ("resnet101", "vgg16", "lstm", "tinycnn", "tinylstm", "ngram")
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -263,15 +268,39 @@ def tiny_lstm(vocab_size: int, size: int = 64, num_layers: int = 2, dropout: flo
     return LSTMLanguageModel(vocab_size, size, size, num_layers, dropout, tie_weights)
 
 
+class HashedNGram(nn.Module):
+    """fastText-style classifier: ``EmbeddingBag(num_buckets, dim, mode="sum")`` over an
+    example's hashed feature ids, then ``Linear(dim, num_classes)``.
+
+    Input: ``batch x F`` int64 ids in ``[0, num_buckets)`` (a fixed number of features
+    per example); output: ``batch x num_classes`` logits. The embedding gradient is
+    dense in memory (plain ``nn.EmbeddingBag``, so any optimizer and the gradient
+    compression see an ordinary tensor) but nonzero only in the rows of the batch's ids.
+    """
+
+    def __init__(self, num_buckets: int, num_classes: int, dim: int = 16):
+        super().__init__()
+        if num_buckets < 1 or num_classes < 2 or dim < 1:
+            raise ValueError(f"need num_buckets >= 1, num_classes >= 2, dim >= 1; got "
+                             f"{num_buckets}, {num_classes}, {dim}")
+        self.embedding = nn.EmbeddingBag(num_buckets, dim, mode="sum")
+        nn.init.normal_(self.embedding.weight, 0.0, 0.01)
+        self.fc = nn.Linear(dim, num_classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.embedding(ids))
+
+
 # --------------------------------------------------------------------------- factory
 def build_model(name: str, num_classes: int = 10, vocab_size: Optional[int] = None,
                 width: Optional[float] = None, in_channels: int = 3, image_size: int = 32,
                 dropout: Optional[float] = None, tie_weights: Optional[bool] = None,
-                blocks: Optional[Sequence[int]] = None) -> nn.Module:
+                blocks: Optional[Sequence[int]] = None, num_buckets: Optional[int] = None) -> nn.Module:
     """Build a model by its ``--model`` name; ``width=None`` gives the paper's size.
 
     ``width`` means: ResNet stem channels (int), VGG channel multiplier (float), LSTM
-    embedding/hidden size (int), TinyCNN first-conv channels (int).
+    embedding/hidden size (int), TinyCNN first-conv channels (int), HashedNGram
+    embedding size (int, default 16; ``num_buckets`` comes from the data set).
     """
     if name == "resnet101":
         return resnet101(num_classes, width=int(width or 64), blocks=blocks or (3, 4, 23, 3),
@@ -288,4 +317,8 @@ def build_model(name: str, num_classes: int = 10, vocab_size: Optional[int] = No
                          tie_weights=True if tie_weights is None else tie_weights)
     if name == "tinycnn":
         return TinyCNN(num_classes, width=int(width or 16), in_channels=in_channels, image_size=image_size)
+    if name == "ngram":
+        if not num_buckets:
+            raise ValueError("model 'ngram' needs num_buckets (a hashed-feature data set)")
+        return HashedNGram(int(num_buckets), num_classes, dim=int(width or 16))
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
