@@ -7,7 +7,8 @@ Configurations are interleaved round-robin (several rounds) so machine noise hit
 of them alike; the table reports the median step time of each and the ratio to its
 static twin.  GraVAC is measured in two states:
   settled    - theta_min == candidate == CF (what a converged GraVAC run does), so the
-               extra cost is the consensus exchange (one 7-scalar allreduce + a broadcast);
+               extra cost is the per-step norms and the consensus exchange (the norms
+               ride in the last bucket's collective; rank 0's decision is broadcast);
   exploring  - theta_min = CF/10, candidate = CF (multi-level: compress at CF/10, then
                further), sending the candidate: the cost while it is still searching.
 Target (issue 4): GraVAC <= 1.15x static at the same CF, checked on the settled state

@@ -10,6 +10,21 @@ then divides by the number of ranks.
 Payloads whose indices are the same on every rank (Random-k with a shared seed)
 skip the indices: a dense allreduce of the k values, 4 bytes per entry.
 
+Statistics ride along: an adaptive controller needs every step's squared norms
+averaged over the ranks.  Instead of a collective of their own (or a Horovod grouped
+operation, which copies the whole bucket through the fusion buffer), they travel
+inside one bucket's own tensor:
+
+* allgather: each rank's block starts with ``1 + 2 * n`` header rows whose index
+  column points at a slack slot just past the bucket (so ``index_add_`` needs no
+  parsing and drops them): row 0 holds the block's payload row count, the next
+  rows the n float64 statistics as int32 words.  Every rank reads every rank's
+  header (N small reads) and averages in rank order: the same bits everywhere;
+* allreduce: the statistics are appended to the tensor as float32 and averaged with
+  it: about 7 significant digits (plenty for gains compared with epsilon and omega),
+  float32's range (a sum of squares past 3.4e38 arrives as inf, and the optimizer
+  then treats the step as non-finite).
+
 Bounded waits: every wait here takes a ``timeout`` in seconds (``math.inf``: no
 limit; ``None``: ``$HOROVOD_GRAVAC_TIMEOUT``, else 600 s).  A bounded wait polls
 ``hvd.poll(handle)`` until a deadline and then raises :class:`CollectiveTimeoutError`
@@ -91,18 +106,55 @@ def size() -> int:
 
 
 # -- sparse wire format ------------------------------------------------------------
-def pack(payload: SparsePayload) -> torch.Tensor:
-    values = payload.values.to(torch.float32).contiguous().view(torch.int32)
-    return torch.stack([values, payload.indices.to(torch.int32)], dim=1).contiguous()
+def pack(payload: SparsePayload, stats: Optional[torch.Tensor] = None, numel: int = 0) -> torch.Tensor:
+    """The (k, 2) int32 wire buffer; with ``stats`` (float64) a header in front of it
+    (see the module docstring; ``numel``: the bucket's size, the header's slack index)."""
+    k = payload.values.numel()
+    head = 0 if stats is None else 1 + 2 * stats.numel()
+    out = torch.empty((head + k, 2), dtype=torch.int32, device=payload.values.device)
+    out[head:, 0] = payload.values.to(torch.float32).view(torch.int32)
+    out[head:, 1] = payload.indices
+    if stats is not None:
+        out[:head, 1] = numel
+        out[0, 0] = k
+        out[1:head, 0] = stats.to(device=out.device, dtype=torch.float64).view(torch.int32)
+    return out
 
 
 def unpack_sum(gathered: torch.Tensor, numel: int) -> torch.Tensor:
-    """Dense fp32 sum of every rank's rows of a gathered (sum_k, 2) buffer."""
-    out = torch.zeros(numel, dtype=torch.float32, device=gathered.device)
+    """Dense fp32 sum of every rank's rows of a gathered (sum_k, 2) buffer (header rows,
+    whose index is ``numel``, land in a slack slot that is dropped)."""
+    out = torch.zeros(numel + 1, dtype=torch.float32, device=gathered.device)
     if gathered.numel():
-        values = gathered[:, 0].contiguous().view(torch.float32)
+        values = gathered[:, 0].view(torch.float32)
         out.index_add_(0, gathered[:, 1].long(), values)
-    return out
+    return out[:numel]
+
+
+def read_header_stats(gathered: torch.Tensor, world: int, n: int) -> torch.Tensor:
+    """The rank-averaged float64 statistics from the headers of a gathered buffer."""
+    head, pos, rows = 1 + 2 * n, 0, []
+    for r in range(world):
+        block = gathered[pos:pos + head, 0].cpu()
+        if block.numel() != head:
+            raise RuntimeError(f"horovod_gravac: malformed statistics header of rank {r} "
+                               f"(gathered {gathered.shape[0]} rows)")
+        rows.append(block[1:].contiguous().view(torch.float64))
+        pos += head + int(block[0])
+    if pos != gathered.shape[0]:
+        raise RuntimeError(f"horovod_gravac: statistics headers cover {pos} of {gathered.shape[0]} "
+                           f"gathered rows; ranks disagree on the wire format")
+    return torch.stack(rows).sum(0).div_(world)
+
+
+def with_stats(flat: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
+    """A copy of ``flat`` (float32) with ``stats`` appended as float32, for an allreduce."""
+    return torch.cat([flat.reshape(-1).float(), stats.float().to(flat.device)])
+
+
+def split_stats(reduced: torch.Tensor, n: int):
+    """``(tensor, float64 statistics)`` from the result of allreducing ``with_stats``."""
+    return reduced[:-n], reduced[-n:].double().cpu()
 
 
 # -- collectives -------------------------------------------------------------------
@@ -115,10 +167,13 @@ def allgather_async(tensor: torch.Tensor, name: str):
     return hvd.allgather_async(tensor, name=name)
 
 
-def wait(handle, name: str = "collective", timeout: Optional[float] = None) -> torch.Tensor:
+def wait(handle, name: str = "collective", timeout: Optional[float] = None,
+         min_sleep: float = 2e-5) -> torch.Tensor:
     """The result of an asynchronous collective; raises :class:`CollectiveTimeoutError`
     rather than wait longer than ``timeout`` seconds (``None``: the default, see
-    :func:`resolve_timeout`; ``math.inf``: no limit)."""
+    :func:`resolve_timeout`; ``math.inf``: no limit).  ``min_sleep``: the shortest pause
+    between polls (each poll takes the GIL; a helper thread off the critical path
+    polls less often so it takes less from the training thread)."""
     if timeout is None:
         timeout = resolve_timeout(None)
     if not math.isinf(timeout) and not hvd.poll(handle):
@@ -130,7 +185,7 @@ def wait(handle, name: str = "collective", timeout: Optional[float] = None) -> t
                 raise CollectiveTimeoutError(name, now - start, timeout)
             # Sleep a small fraction of the time waited so far: the completion is noticed
             # at most ~5 % (and 1 ms) late, and a long wait costs few wake-ups.
-            time.sleep(min(1e-3, max(2e-5, 0.05 * (now - start)), deadline - now))
+            time.sleep(min(max(1e-3, min_sleep), max(min_sleep, 0.05 * (now - start)), deadline - now))
     return hvd.synchronize(handle)
 
 
@@ -159,7 +214,7 @@ def _from_bytes(t: torch.Tensor):
 _INLINE_BYTES = 1016
 
 
-def broadcast_object(obj, name: str, timeout: Optional[float] = None):
+def broadcast_object(obj, name: str, timeout: Optional[float] = None, min_sleep: float = 2e-5):
     """Rank 0's object on every rank (pickled; every rank must call this).
 
     One broadcast of a fixed-size header that carries the pickle's length and, when it
@@ -173,16 +228,16 @@ def broadcast_object(obj, name: str, timeout: Optional[float] = None):
         head[:8].view(torch.int64)[0] = data.numel()
         if data.numel() <= _INLINE_BYTES:
             head[8:8 + data.numel()] = data
-    wait(hvd.broadcast_async_(head, 0, name=name + ".head"), name + ".head", timeout)
+    wait(hvd.broadcast_async_(head, 0, name=name + ".head"), name + ".head", timeout, min_sleep)
     size = int(head[:8].view(torch.int64)[0])
     if root:
         if size > _INLINE_BYTES:
-            wait(hvd.broadcast_async_(data, 0, name=name + ".t"), name + ".t", timeout)
+            wait(hvd.broadcast_async_(data, 0, name=name + ".t"), name + ".t", timeout, min_sleep)
         return obj
     if size <= _INLINE_BYTES:
         return _from_bytes(head[8:8 + size])
     data = torch.zeros(size, dtype=torch.uint8)
-    wait(hvd.broadcast_async_(data, 0, name=name + ".t"), name + ".t", timeout)
+    wait(hvd.broadcast_async_(data, 0, name=name + ".t"), name + ".t", timeout, min_sleep)
     return _from_bytes(data)
 
 

@@ -14,14 +14,23 @@ What it adds, per bucket and step (see ``controllers.py`` for who decides):
 4. send dense g_ef, g_min or g_c as decided   (``comm.py``: allreduce or one allgather)
 5. residual = g_ef - sent
 
-After the collectives complete, one small allreduce averages the step's squared
-norms and time across ranks, the controller turns them into the next decision,
-and rank 0's decision is broadcast (``hvd.broadcast_object``) so every rank calls
-the same collectives in the next step.  Static controllers skip that exchange.
-The exchange (about three collective round trips) runs on a helper thread while the
-next step's forward and backward passes run; the first bucket of the next step
-waits for it, so the decision sequence is exactly what a synchronous exchange gives
-(``overlap_consensus=False`` does it synchronously).
+Adaptive controllers (GraVAC, Accordion) also need the step's squared norms
+averaged over ranks.  They ride inside the last bucket's collective (``comm.py``
+describes how; no collective of their own); that bucket holds its collective back until
+every other bucket is compressed, which is when the norms are complete (it holds the
+model's first layers, so backward normally reaches it last anyway).  After the step,
+rank 0 turns the averaged norms and its step time into the next decision and
+broadcasts both (``hvd.broadcast_object``); every other rank feeds its controller
+the same observation and adopts rank 0's decision, so every rank calls the same
+collectives in the next step.  Static controllers skip all of this.  The broadcast
+runs on a helper thread while the next step's forward and backward passes run; the
+first bucket of the next step waits for it, so the decision sequence is exactly what
+a synchronous exchange gives (``overlap_consensus=False`` does it synchronously).
+
+Collective names start with ``gravac.`` for the first optimizer a process builds and
+``gravac<n>.`` for the n-th after it, so several optimizers (a GAN's two, say) can
+have collectives in flight at once.  Every rank must build its optimizers in the
+same order, as with any Horovod collective; the start-up check says so if not.
 
 Non-finite gradients: a rank whose bucket holds a NaN/Inf contributes zeros for
 that bucket in that step and leaves its residual untouched; every rank receives
@@ -32,6 +41,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import itertools
+import math
 import time
 import zlib
 import warnings
@@ -67,7 +78,9 @@ class _Bucket:
     def reset(self):
         self.ready = 0
         self.handle = None
-        self.kind = None        # "dense" | "sparse" | "shared"
+        self.kind = None        # "dense" | "sparse" | "shared" | "lowrank"; None: not launched
+        self.start = None       # the held-back collective of the stats-carrying bucket
+        self.carries_stats = False
         self.payload = None     # the SparsePayload sent (shared-index path)
         self.launched_finite = True   # False: this rank sent zeros (NaN/Inf gradient)
         self.lowrank = None     # PowerSGD state between its two collectives
@@ -121,6 +134,9 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                                  f"parameters can be trained with gradient compression")
         trainable = [(n, p) for n, p in named if p.requires_grad]
         self._buckets = _make_buckets(trainable, int(bucket_cap_mb * 2 ** 20))
+        # The bucket whose collective also carries the step's statistics (adaptive controllers).
+        self._carrier = self._buckets[-1] if self._buckets else None
+        self._prefix = _collective_prefix()
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._delay = {p: backward_passes_per_step for _, p in trainable}
         self._memory = ErrorFeedback(momentum_correction)
@@ -151,7 +167,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     # -- start-up ----------------------------------------------------------------------
     def _check_consistency(self, trainable, sample_compressor):
         """Fail on every rank, with the difference named, if ranks disagree on set-up."""
-        mine = {"controller": self.controller.config(),
+        mine = {"collective_prefix": self._prefix, "controller": self.controller.config(),
                 "momentum_correction": self._memory.momentum, "local_clip_norm": self.local_clip_norm,
                 "compressor": repr(sample_compressor),
                 "backward_passes_per_step": self.backward_passes_per_step,
@@ -160,10 +176,12 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         for r, theirs in enumerate(everyone):
             for key in mine:
                 if theirs[key] != everyone[0][key]:
+                    hint = (" Every rank must build its DistributedOptimizers in the same order."
+                            if key == "collective_prefix" else "")
                     raise ValueError(
                         f"horovod_gravac: rank {r} differs from rank 0 in '{key}': "
                         f"{_short(theirs[key])} vs {_short(everyone[0][key])}. All ranks must "
-                        f"use the same model, compressor and controller settings.")
+                        f"use the same model, compressor and controller settings.{hint}")
 
     # -- compressors ---------------------------------------------------------------------
     def _compressor(self, cf: float) -> SparseCompressor:
@@ -197,6 +215,10 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._floats_sent = 0
         self._nonfinite = 0
         self._quality: List[float] = []
+        self._launched = 0                 # buckets launched this step
+        self._control_bytes = 0            # statistics carried for the controller
+        self._step_stats: Optional[List[float]] = None   # rank-averaged, from the carrier bucket
+        self._at_boundary = False          # Accordion: this step ends an interval
 
     def _launch(self, bucket: _Bucket) -> None:
         """Error feedback, compression and the start of this bucket's collective."""
@@ -232,10 +254,52 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             bucket.launched_finite = False
             g_ef = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
         self._compress_and_start(bucket, g_ef, decision, update_residual=finite)
+        self._launched += 1
+        carrier = self._carrier
+        if self._launched == len(self._buckets) and carrier.start is not None:
+            carrier.handle, carrier.start = carrier.start(self._local_stats()), None
         self._compress_time += time.perf_counter() - t0
 
+    def _hold_or_start(self, bucket, start: Callable) -> None:
+        """Start the bucket's collective: ``start(stats)`` returns its handle (``stats``:
+        None, or the float64 statistics to carry).  With an adaptive controller the
+        carrier bucket's collective also carries the step's statistics, complete only
+        once every bucket is compressed, so it waits for that."""
+        if bucket is self._carrier and self._controller.needs_consensus:
+            bucket.carries_stats = True
+            bucket.start = start
+        else:
+            bucket.handle = start(None)
+
+    def _local_stats(self) -> torch.Tensor:
+        """This rank's statistics of the step, sent with the carrier bucket: squared norms
+        of g_ef, g_min and g_c, of the raw gradient, Accordion's interval sum (at an
+        interval's end, else 0) and whether any bucket was NaN/Inf."""
+        ctrl = self._controller
+        interval = getattr(ctrl, "interval", None)
+        self._at_boundary = interval is not None and (ctrl.step + 1) % interval == 0
+        acc_sq = 0.0
+        if self._at_boundary:   # Accordion: the interval's gradient sum, then start a new sum
+            acc_sq = sum(float(b.accumulated.double().pow(2).sum()) for b in self._buckets
+                         if b.accumulated is not None)
+            for b in self._buckets:
+                if b.accumulated is not None:
+                    b.accumulated.zero_()
+        n = self._norms
+        return torch.tensor([float(n[0]), float(n[1]), float(n[2]), self._grad_sq, acc_sq,
+                             float(self._nonfinite > 0)], dtype=torch.float64)
+
+    def _allreduce_start(self, tensor, name):
+        """``start`` of an in-place average, or of a copy with the statistics appended."""
+        def start(stats):
+            if stats is None:
+                return comm.allreduce_mean_async(tensor, name)
+            self._control_bytes += 4 * _N_STATS
+            return comm.allreduce_mean_async(comm.with_stats(tensor, stats), name)
+        return start
+
     def _compress_and_start(self, bucket, g_ef, decision: Decision, update_residual: bool) -> None:
-        name = f"gravac.bucket.{bucket.index}"
+        name = self._bucket_name(bucket)
         if decision.candidate_cf == DENSE:   # nothing to compress or measure: plain allreduce
             self._start_dense(bucket, g_ef, name)
             return
@@ -254,7 +318,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if self.controller.needs_consensus and update_residual:
             ef_sq = g_ef.dot(g_ef)
             min_sq = ef_sq if payload_min is None else payload_min.values.dot(payload_min.values)
-            self._norms += torch.stack([ef_sq, min_sq, payload_c.values.dot(payload_c.values)]).double().cpu()
+            c_sq = min_sq if payload_c is payload_min else payload_c.values.dot(payload_c.values)
+            self._norms += torch.stack([ef_sq, min_sq, c_sq]).double().cpu()
         quality = getattr(comp_min, "last_quality", None)
         if quality is not None:
             self._quality.append(float(quality))
@@ -266,13 +331,16 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             self._memory.sent_sparse(bucket.index, payload.indices)
         self._start_sparse(bucket, payload, comp_min.shared_indices, name)
 
+    def _bucket_name(self, bucket) -> str:
+        return f"{self._prefix}.bucket.{bucket.index}"
+
     def _set_step(self, comp, bucket):
         if hasattr(comp, "set_step"):   # shared-seed compressors draw per (step, bucket)
             comp.set_step(self._step_index, bucket.index)
 
     def _start_dense(self, bucket, flat, name):
         bucket.kind = "dense"
-        bucket.handle = comm.allreduce_mean_async(flat, name)
+        self._hold_or_start(bucket, self._allreduce_start(flat, name))
         self._bytes_sent += flat.numel() * 4
         self._floats_sent += flat.numel()
 
@@ -296,14 +364,14 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         buf = torch.cat(parts)
         bucket.kind = "lowrank"
         bucket.lowrank = {"plan": plan, "g_ef": g_ef, "update_residual": update_residual, "name": name}
-        bucket.handle = comm.allreduce_mean_async(buf, name + ".P")
+        self._hold_or_start(bucket, self._allreduce_start(buf, name + ".P"))
         self._bytes_sent += 4 * buf.numel()
         self._floats_sent += buf.numel()
 
     def _lowrank_phase2(self, bucket):
         """Orthonormalize the averaged P, Q = M^T P, and start the Q allreduce."""
         state = bucket.lowrank
-        out = comm.wait(bucket.handle, state["name"] + ".P", self._timeout)
+        out = self._wait_bucket(bucket, state["name"] + ".P")
         aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
         q_parts, ps, ofs = [], [], 0
         for s, e, n, m, r, key in state["plan"]:
@@ -348,12 +416,16 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         k = payload.values.numel()
         if shared_indices:
             bucket.kind, bucket.payload = "shared", payload
-            bucket.handle = comm.allreduce_mean_async(payload.values.clone(), name)
+            self._hold_or_start(bucket, self._allreduce_start(payload.values.clone(), name))
             self._bytes_sent += 4 * k
             self._floats_sent += k
         else:
             bucket.kind = "sparse"
-            bucket.handle = comm.allgather_async(comm.pack(payload), name)
+            def start(stats):
+                if stats is not None:
+                    self._control_bytes += 8 * (1 + 2 * _N_STATS)
+                return comm.allgather_async(comm.pack(payload, stats, bucket.numel), name)
+            self._hold_or_start(bucket, start)
             self._bytes_sent += 8 * k
             self._floats_sent += 2 * k
 
@@ -363,7 +435,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if self._step_start is None:
             self._step_start = time.perf_counter()
         for bucket in self._buckets:   # buckets whose hooks did not all fire (unused params)
-            if bucket.handle is None:
+            if bucket.kind is None:
                 self._launch(bucket)
         t_comm = time.perf_counter()
         for bucket in self._buckets:
@@ -373,15 +445,14 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             if bucket.kind == "lowrank":
                 aggregated = self._lowrank_finish(bucket)
             elif bucket.kind == "sparse":
-                out = comm.wait(bucket.handle, f"gravac.bucket.{bucket.index}", self._timeout)
-
+                out = self._wait_bucket(bucket)
                 aggregated = comm.unpack_sum(out, bucket.numel).div_(self._world)
             elif bucket.kind == "shared":
-                out = comm.wait(bucket.handle, f"gravac.bucket.{bucket.index}", self._timeout)
+                out = self._wait_bucket(bucket)
                 aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
                 aggregated.index_copy_(0, bucket.payload.indices.long(), out)
             else:
-                aggregated = comm.wait(bucket.handle, f"gravac.bucket.{bucket.index}", self._timeout)
+                aggregated = self._wait_bucket(bucket)
             for p, (s, e) in zip(bucket.params, bucket.offsets):
                 p.grad.copy_(aggregated[s:e].view_as(p.grad))
             if bucket.kind == "dense" and bucket.launched_finite and bucket.index in self._memory.residuals:
@@ -393,6 +464,17 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._finish_step(comm_time)
         self._synchronized = True
 
+    def _wait_bucket(self, bucket, name: Optional[str] = None) -> torch.Tensor:
+        """The bucket's collective result; the carrier's statistics go to ``_step_stats``."""
+        out = comm.wait(bucket.handle, name or self._bucket_name(bucket), self._timeout)
+        if bucket.carries_stats:
+            if bucket.kind == "sparse":
+                stats = comm.read_header_stats(out, self._world, _N_STATS)
+            else:
+                out, stats = comm.split_stats(out, _N_STATS)
+            self._step_stats = stats.tolist()
+        return out
+
     def _finish_step(self, comm_time: float):
         self._await_consensus()   # normally done by the first bucket; not if there is none
         now = time.perf_counter()
@@ -401,32 +483,25 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         ctrl = self.controller
         stats = {"step": self._step_index, "cf": decision.send_cf, "level": decision.level,
                  "theta_min": decision.theta_min, "candidate_cf": decision.candidate_cf,
-                 "bytes_sent": self._bytes_sent, "floats_sent": self._floats_sent,
+                 "bytes_sent": self._bytes_sent, "control_bytes": self._control_bytes,
+                 "floats_sent": self._floats_sent,
                  "dense_floats": sum(b.numel for b in self._buckets),
                  "step_time": step_time, "compress_time": self._compress_time, "comm_time": comm_time,
                  "nonfinite_buckets": self._nonfinite,
                  "quality": sum(self._quality) / len(self._quality) if self._quality else None}
         if ctrl.needs_consensus:
-            acc_sq = 0.0
-            interval = getattr(ctrl, "interval", None)
-            at_boundary = interval is not None and (ctrl.step + 1) % interval == 0
-            if at_boundary:   # Accordion: the interval's gradient sum, then start a new sum
-                acc_sq = sum(float(b.accumulated.double().pow(2).sum()) for b in self._buckets
-                             if b.accumulated is not None)
-                for b in self._buckets:
-                    if b.accumulated is not None:
-                        b.accumulated.zero_()
-            n = self._norms
-            local = [float(n[0]), float(n[1]), float(n[2]), step_time, self._grad_sq, acc_sq,
-                     float(self._nonfinite > 0)]
+            # No bucket at all (nothing trainable): every rank's statistics are zero.
+            step_stats = self._step_stats if self._step_stats is not None else [0.0] * _N_STATS
             stats.update(dict.fromkeys(_CONSENSUS_STATS))   # filled in by the exchange
             if self.overlap_consensus:
                 if self._consensus_thread is None:
                     self._consensus_thread = concurrent.futures.ThreadPoolExecutor(
                         max_workers=1, thread_name_prefix="gravac-consensus")
-                self._pending = (self._consensus_thread.submit(self._exchange, local, at_boundary), stats)
+                # Overlapped with the next forward/backward: poll gently (each poll takes the GIL).
+                self._pending = (self._consensus_thread.submit(
+                    self._exchange, step_stats, step_time, self._at_boundary, _CONSENSUS_POLL_S), stats)
             else:
-                stats.update(self._exchange(local, at_boundary))
+                stats.update(self._exchange(step_stats, step_time, self._at_boundary))
         else:
             ctrl.observe(StepObservation(0.0, 0.0, 0.0, step_time))
         self._stats = stats
@@ -435,21 +510,37 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._reset_step_counters()
 
     # -- consensus -----------------------------------------------------------------------------
-    def _exchange(self, local: List[float], at_boundary: bool) -> dict:
-        """Average the step's measurements over ranks, decide, and adopt rank 0's decision.
+    def _exchange(self, step_stats: List[float], step_time: float, at_boundary: bool,
+                  min_sleep: float = 2e-5) -> dict:
+        """Decide the next step on rank 0 and give every rank its decision and observation.
 
-        Runs on the consensus thread (or inline); nothing else touches the controller
-        until ``_await_consensus`` has collected the result."""
+        ``step_stats`` are already averaged over ranks (they came with the carrier
+        bucket).  Rank 0 observes them with its own step time, decides, and broadcasts
+        (decision, step time); every other rank observes the very same numbers, so all
+        controllers keep identical state, and adopts rank 0's decision.  Runs on the
+        consensus thread (or inline); nothing else touches the controller until
+        ``_await_consensus`` has collected the result."""
         ctrl = self._controller   # not the property: that would wait for this very exchange
-        glob = comm.allreduce_mean(local, name="gravac.stats", timeout=self._timeout).tolist()
-        obs = StepObservation(ef_sq=glob[0], min_sq=glob[1], candidate_sq=glob[2],
-                              step_time=glob[3], samples=float(self._world), grad_sq=glob[4],
-                              accumulated_sq=glob[5] if at_boundary else None, finite=glob[6] == 0.0)
-        mine = ctrl.observe(obs)
-        agreed = comm.broadcast_object(mine, name="gravac.decision", timeout=self._timeout)
-        if agreed != mine:
-            warnings.warn(f"horovod_gravac: rank {comm.rank()} decided {mine} but rank 0 "
-                          f"decided {agreed}; following rank 0")
+        name = f"{self._prefix}.decision"
+
+        def observe(seconds):
+            return ctrl.observe(StepObservation(
+                ef_sq=step_stats[0], min_sq=step_stats[1], candidate_sq=step_stats[2],
+                step_time=seconds, samples=float(self._world), grad_sq=step_stats[3],
+                accumulated_sq=step_stats[4] if at_boundary else None,
+                # Not finite: a rank saw NaN/Inf, or a float32-carried statistic overflowed.
+                finite=step_stats[5] == 0.0 and all(map(math.isfinite, step_stats))))
+
+        if comm.rank() == 0:
+            agreed = observe(step_time)
+            comm.broadcast_object((agreed, step_time), name=name, timeout=self._timeout, min_sleep=min_sleep)
+        else:
+            agreed, step_time = comm.broadcast_object(None, name=name, timeout=self._timeout,
+                                                      min_sleep=min_sleep)
+            mine = observe(step_time)
+            if agreed != mine:
+                warnings.warn(f"horovod_gravac: rank {comm.rank()} decided {mine} but rank 0 "
+                              f"decided {agreed}; following rank 0")
         ctrl.adopt(agreed)
         return {"gain_min": getattr(ctrl, "gain_min", None),
                 "gain_candidate": getattr(ctrl, "gain_candidate", None),
@@ -564,8 +655,21 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return self._memory.nbytes()
 
 
+# Statistics per step and rank that ride with the carrier bucket (``_local_stats``).
+_N_STATS = 6
+# Shortest pause between polls of the overlapped decision broadcast (seconds).
+_CONSENSUS_POLL_S = 5e-4
 # Keys of ``stats`` that come from the consensus exchange (None until it completes).
 _CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compression_throughput", "next_cf")
+
+
+_optimizers_built = itertools.count()
+
+
+def _collective_prefix() -> str:
+    """``gravac`` for a process's first optimizer, ``gravac1``, ``gravac2``... after it."""
+    n = next(_optimizers_built)
+    return "gravac" if n == 0 else f"gravac{n}"
 
 
 def _squared_norm(grads) -> float:

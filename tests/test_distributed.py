@@ -15,7 +15,8 @@ EXPECTED = ["dense_matches_horovod", "static_cf1_is_dense", "sparse_aggregate_by
             "gravac_changes_cf_without_hang", "mismatched_config_fails_everywhere",
             "nan_gradient_keeps_ranks_identical", "backward_passes_per_step",
             "powersgd_full_rank_equals_dense_and_accordion_switches",
-            "overlapped_consensus_matches_synchronous", "broadcast_object_small_and_large"]
+            "overlapped_consensus_matches_synchronous", "broadcast_object_small_and_large",
+            "two_optimizers_in_flight", "carried_stats_are_complete_averages"]
 
 
 @pytest.mark.parametrize("np_", [2, 3])

@@ -323,13 +323,14 @@ SLACK = 6.0            # a loaded 2-core machine: scheduling noise on top of the
 FAULTS = {
     # kind: (what rank 1 does, the collective rank 0 must name, or None when Horovod itself reports)
     "bucket": "gravac.bucket.",
-    "stats": "gravac.stats",
+    # The step's statistics ride in the last bucket's collective: that is what rank 0 names.
+    "stats": "gravac.bucket.",
     "decision": "gravac.decision",
     "startup": "gravac.consistency",
     "exit": None,
-    # Frozen between steps: rank 0 waits either in the overlapped consensus exchange of
+    # Frozen between steps: rank 0 waits either in the overlapped decision broadcast of
     # the step before or in the next bucket, depending on where rank 1 stopped.
-    "freeze": ("gravac.bucket.", "gravac.stats", "gravac.decision"),
+    "freeze": ("gravac.bucket.", "gravac.decision"),
 }
 
 

@@ -304,6 +304,81 @@ def check_broadcast_object_small_and_large():
         assert got == {"rank": 0, "blob": b"\x00" * size}, (size, got["rank"], len(got["blob"]))
 
 
+def check_two_optimizers_in_flight():
+    """Two GraVAC optimizers stepped alternately (a GAN's generator and discriminator):
+    each one's overlapped decision broadcast is still in flight while the other steps,
+    so their collectives need distinct names (``gravac.``, ``gravac<n>.``)."""
+    a, b = make_model(1), make_model(2)
+    oa = hg_opt(a, controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))
+    ob = hg_opt(b, controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))
+    assert oa._prefix != ob._prefix, (oa._prefix, ob._prefix)
+    for step in range(10):
+        for model, opt in ((a, oa), (b, ob)):
+            x, y = batch(step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert_identical_across_ranks(a, "two-optimizers-a")
+    assert_identical_across_ranks(b, "two-optimizers-b")
+    release(oa); release(ob)
+
+
+class HeadRegisteredFirst(torch.nn.Module):
+    """The output layer is registered first, so it lands in the last bucket (the one
+    that carries the step's statistics) although backward reaches it first."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = torch.nn.Linear(128, 5)
+        self.body = torch.nn.Linear(32, 128)
+        hvd.broadcast_parameters(self.state_dict(), root_rank=0)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+def check_carried_stats_are_complete_averages():
+    """The statistics that ride in the carrier bucket equal a direct average of every
+    rank's whole-step norms, also when the carrier's gradients are ready first (its
+    collective is then held until every other bucket is compressed), on the dense
+    first step (allreduce path) and on sparse steps (allgather path)."""
+    model = HeadRegisteredFirst()
+    opt = hg_opt(model, controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))
+    assert len(opt._buckets) >= 3 and set(opt._carrier.names) == {"head.weight", "head.bias"}, \
+        [b.names for b in opt._buckets]
+    finished, launches = [], []
+    original, original_launch = opt._finish_step, opt._launch
+
+    def launch(bucket):
+        launches.append(bucket.index)
+        original_launch(bucket)
+        if bucket is opt._carrier and len(opt._buckets) > opt._launched:
+            assert bucket.handle is None and bucket.start is not None, "the carrier started early"
+    opt._launch = launch
+
+    def finish(comm_time):
+        n = opt._norms
+        finished.append(([float(n[0]), float(n[1]), float(n[2]), opt._grad_sq], list(opt._step_stats),
+                         opt._controller.decision.level))
+        return original(comm_time)
+    opt._finish_step = finish
+    train(model, opt, 8)
+    assert launches[0] == opt._carrier.index, f"the carrier was not ready first: {launches}"
+    levels = {level for _, _, level in finished}
+    assert {"dense", "min"} <= levels or {"dense", "candidate"} <= levels, levels
+    for step, (local, carried, level) in enumerate(finished):
+        expected = hvd.allreduce(torch.tensor(local, dtype=torch.float64), op=hvd.Average,
+                                 name=f"check.stats.{step}")
+        # float64 through the allgather header; float32 through the dense allreduce.
+        rtol = 1e-12 if level != "dense" else 1e-6
+        assert torch.allclose(torch.tensor(carried[:4], dtype=torch.float64), expected, rtol=rtol, atol=0), \
+            (step, level, carried, expected.tolist())
+        assert carried[5] == 0.0, carried
+    assert_identical_across_ranks(model, "carried-stats")
+    release(opt)
+
+
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
 
 if __name__ == "__main__":

@@ -608,14 +608,16 @@ def fault_run(kind, timeout):
         print(f"FAILED_AFTER {time.monotonic() - t0:.2f} {type(exc).__name__}: {exc}", flush=True)
         raise
     if RANK == 1 and kind in ("stats", "decision"):
-        target = {"stats": "allreduce_mean", "decision": "broadcast_object"}[kind]
-        original = getattr(comm, target)
+        # stats: stall just before the statistics-carrying bucket starts its collective;
+        # decision: in the decision broadcast.
+        owner, target = {"stats": (opt, "_local_stats"), "decision": (comm, "broadcast_object")}[kind]
+        original = getattr(owner, target)
 
         def late(*a, **k):
             if opt._step_index == 3:
                 _stall()
             return original(*a, **k)
-        setattr(comm, target, late)
+        setattr(owner, target, late)
     try:
         for step in range(6):
             if step == 3 and RANK == 1:
