@@ -621,7 +621,8 @@ def load_pydoc_chars(orders: int = 5, num_buckets: int = 1 << 18, min_count: int
                        class_names=["<unk>"] + chars)
 
 
-def load_feature_dataset(name: str, path: Optional[str] = None) -> FeatureData:
+def load_feature_dataset(name: str, path: Optional[str] = None, num_buckets: Optional[int] = None) -> FeatureData:
+    """A hashed-feature data set; ``num_buckets`` (None: the loader's default) sets the hash range."""
     if name == "pydoc-chars":
-        return load_pydoc_chars()
+        return load_pydoc_chars() if num_buckets is None else load_pydoc_chars(num_buckets=num_buckets)
     raise ValueError(f"unknown feature data set {name!r}; choose one of {', '.join(FEATURE_DATASETS)}")

@@ -604,7 +604,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
-        if any(b.handle is not None for b in self._buckets):
+        if any(b.handle is not None or b.start is not None for b in self._buckets):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(). This is prohibited "
                                  "as it can cause a race condition.")

@@ -97,7 +97,7 @@ DEFAULTS: Dict[str, Any] = dict(
     steps=200, eval_every=50, batch_size=32, eval_batch_size=None, lr=0.1, momentum=0.9,
     weight_decay=1e-4, lr_milestones="", lr_gamma=0.1, warmup_steps=0, clip_norm=None,
     momentum_correction=False, local_clip_norm=None,
-    bptt=35, width=None, blocks=None, dropout=None, tie_weights=None, seed=42, out=None,
+    bptt=35, width=None, blocks=None, num_buckets=None, dropout=None, tie_weights=None, seed=42, out=None,
     threads=None, device="auto", log_every=None, max_eval_batches=None)
 
 
@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "multiplier, LSTM units, TinyCNN channels, "
                                                "ngram embedding size")
     t.add_argument("--blocks", help="ResNet: blocks per stage, e.g. 3,4,23,3 (toy: 1,1,1,1)")
+    t.add_argument("--num-buckets", type=int, help="ngram: hash buckets of the context features "
+                                                   "(embedding rows; 262144)")
     t.add_argument("--dropout", type=float, help="LSTM dropout")
     t.add_argument("--tie-weights", action="store_true", default=None, help="LSTM: tie embedding/decoder")
     t.add_argument("--seed", type=int, help="model init, data order, augmentation (42)")
@@ -185,6 +187,11 @@ def resolve_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for name in ("steps", "eval_every", "batch_size", "eval_batch_size", "bptt", "window"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.num_buckets is not None:
+        if args.model != "ngram":
+            parser.error("--num-buckets applies to --model ngram only")
+        if args.num_buckets < 1:
+            parser.error("--num-buckets must be >= 1")
     if args.out is None:
         args.out = os.path.join("runs", f"{args.model}-{args.controller}-{time.strftime('%Y%m%d-%H%M%S')}")
     return args
@@ -471,7 +478,7 @@ def train(args) -> dict:
                      "test_tokens": corpus.test.numel(),
                      "windows_per_epoch": train_stream.windows_per_epoch}
     elif args.dataset in gdata.FEATURE_DATASETS:   # hashed sparse features: batches as for images
-        ds = gdata.load_feature_dataset(args.dataset, args.data).to(device)
+        ds = gdata.load_feature_dataset(args.dataset, args.data, num_buckets=args.num_buckets).to(device)
         batches = gdata.ShardedBatches(ds, args.batch_size, rank, size, seed=args.seed)
         model = build_model(args.model, num_classes=ds.num_classes, width=args.width,
                             num_buckets=ds.num_buckets)

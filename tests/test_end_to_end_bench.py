@@ -40,38 +40,43 @@ def _fake_run(accs, step_s, floats, comm_frac=0.5, steps_per_eval=10, compressor
 def test_analysis_time_to_accuracy_speedups_and_targets():
     runs = {"dense": _fake_run([0.90, 0.96, 0.98], 1.0, 100.0),
             "topk-cf10": _fake_run([0.90, 0.976, 0.98], 0.5, 20.0),
-            "gravac-exp-eps0.7": _fake_run([0.976, 0.98, 0.98], 0.25, 2.0),
+            "gravac-exp-dgc-eps0.7": _fake_run([0.976, 0.98, 0.98], 0.25, 2.0),
             "accordion-topk": _fake_run([0.90, 0.95, 0.97], 0.3, 4.0)}
     res = e2e.analyse(runs, tolerance_pp=0.5, target=None)
     assert res["target"] == pytest.approx(0.975)
     rows = {r["config"]: r for r in res["rows"]}
     assert rows["dense"]["tta_s"] == pytest.approx(30.0)
     assert rows["topk-cf10"]["tta_s"] == pytest.approx(10.0)
-    assert rows["gravac-exp-eps0.7"]["tta_s"] == pytest.approx(2.5)
+    assert rows["gravac-exp-dgc-eps0.7"]["tta_s"] == pytest.approx(2.5)
     assert rows["accordion-topk"]["tta_s"] is None          # 97 % < target
-    assert rows["gravac-exp-eps0.7"]["speedup_vs_dense"] == pytest.approx(12.0)
-    assert rows["gravac-exp-eps0.7"]["speedup_vs_topk10"] == pytest.approx(4.0)
-    assert rows["gravac-exp-eps0.7"]["floats_vs_dense"] == pytest.approx(0.02)
-    assert rows["gravac-exp-eps0.7"]["floats_vs_accordion"] == pytest.approx(0.5)
+    assert rows["gravac-exp-dgc-eps0.7"]["speedup_vs_dense"] == pytest.approx(12.0)
+    assert rows["gravac-exp-dgc-eps0.7"]["speedup_vs_topk10"] == pytest.approx(4.0)
+    assert rows["gravac-exp-dgc-eps0.7"]["floats_vs_dense"] == pytest.approx(0.02)
+    assert rows["gravac-exp-dgc-eps0.7"]["floats_vs_accordion"] == pytest.approx(0.5)
     r = rows["topk-cf10"]
     assert r["compute_pct"] + r["compress_pct"] + r["comm_pct"] == pytest.approx(100.0)
     (t,) = e2e.check_targets(res)
     assert t["T1a >= 3x vs dense"] == "PASS" and t["T1b >= 1.5x vs Top-k 10x"] == "PASS"
     assert t["best_static"] == "topk-cf10" and t["T2 <= 1.2x best static"] == "PASS"
     # a GraVAC run that never reaches the target fails every target, with the reason
-    runs["gravac-exp-eps0.7"] = _fake_run([0.9, 0.9, 0.9], 0.25, 2.0)
+    runs["gravac-exp-dgc-eps0.7"] = _fake_run([0.9, 0.9, 0.9], 0.25, 2.0)
     (t,) = e2e.check_targets(e2e.analyse(runs, 0.5, None))
     assert t["T1a >= 3x vs dense"].startswith("FAIL (target not reached")
     md = e2e.markdown(e2e.analyse(runs, 0.5, None), [t], [], ["dgc-cf10"], [], "synthetic")
-    assert "| gravac-exp-eps0.7 |" in md and "dgc-cf10" in md
+    assert "| gravac-exp-dgc-eps0.7 |" in md and "dgc-cf10" in md
 
 
 def test_configs_cover_the_issue():
     names = set(e2e.CONFIGS)
     for c in ("topk", "dgc", "redsync", "randomk", "sidco"):
         assert {f"{c}-cf10", f"{c}-cf1000"} <= names
-    assert {"dense", "gravac-exp-eps0.7", "gravac-exp-eps0.9", "gravac-geo-eps0.7",
-            "gravac-geo-eps0.9", "accordion-topk", "accordion-powersgd"} <= names
+    # the paper's pairings (Exponential on DGC, Geometric on RedSync) and Top-k, eps 0.7 and 0.9
+    for pol_comp in ("exp-dgc", "geo-redsync", "exp-topk"):
+        assert {f"gravac-{pol_comp}-eps0.7", f"gravac-{pol_comp}-eps0.9"} <= names
+    assert {"dense", "accordion-topk", "accordion-powersgd"} <= names
+    assert set(e2e.WORKLOADS) == {"ngram", "digits"} and e2e.DEFAULT_WORKLOAD == "ngram"
+    cmd = e2e.train_command("gravac-geo-redsync-eps0.9", "/tmp/x", 10, 5)
+    assert cmd[cmd.index("--policy") + 1] == "geometric" and "--window" in cmd
     flags = e2e.CONFIGS["accordion-powersgd"][2]
     assert flags[flags.index("--powersgd-rank") + 1] == "4"
     assert set(e2e.QUICK_CONFIGS) <= names

@@ -146,6 +146,21 @@ def test_preset_settings():
             T.resolve_args(bad + ["--out", "x"])
 
 
+def test_num_buckets_sets_the_hash_range_and_is_checked(capsys):
+    """--num-buckets (the emulated-network benchmark uses 2^16): the loader hashes into
+    that many embedding rows; it is refused for other models and below 1."""
+    a = T.resolve_args(["--preset", "ngram-pydoc-chars", "--num-buckets", "65536", "--out", "x"])
+    assert a.num_buckets == 65536
+    assert T.resolve_args(["--preset", "ngram-pydoc-chars", "--out", "x"]).num_buckets is None
+    d = gd.load_feature_dataset("pydoc-chars", num_buckets=1 << 16)
+    assert d.num_buckets == 1 << 16 and int(d.train_x.max()) < 1 << 16 and int(d.train_x.min()) >= 0
+    for bad, says in ((["--model", "tinycnn", "--num-buckets", "64"], "ngram only"),
+                      (["--model", "ngram", "--num-buckets", "0"], "must be >= 1")):
+        with pytest.raises(SystemExit):
+            T.resolve_args(bad + ["--out", "x"])
+        assert says in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- 2 ranks, the target
 def _launch(out_dir, *flags, timeout=420):
     cand = Path(sys.executable).parent / "horovodrun"
