@@ -363,7 +363,10 @@ def check_carried_stats_are_complete_averages():
                          opt._controller.decision.level))
         return original(comm_time)
     opt._finish_step = finish
-    train(model, opt, 8)
+    control = []
+    train(model, opt, 8, hook=lambda s, o: control.append((o.stats["level"], o.stats["control_bytes"])))
+    # 13 header rows of 8 bytes in an allgather, 6 float32 in an allreduce (docs/API_CONTRACT.md)
+    assert all(b == (24 if level == "dense" else 104) for level, b in control), control
     assert launches[0] == opt._carrier.index, f"the carrier was not ready first: {launches}"
     levels = {level for _, _, level in finished}
     assert {"dense", "min"} <= levels or {"dense", "candidate"} <= levels, levels
