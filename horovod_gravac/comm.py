@@ -39,6 +39,7 @@ import io
 import math
 import os
 import time
+from contextlib import contextmanager
 from typing import Optional
 
 import cloudpickle
@@ -123,12 +124,41 @@ def pack(payload: SparsePayload, stats: Optional[torch.Tensor] = None, numel: in
 
 def unpack_sum(gathered: torch.Tensor, numel: int) -> torch.Tensor:
     """Dense fp32 sum of every rank's rows of a gathered (sum_k, 2) buffer (header rows,
-    whose index is ``numel``, land in a slack slot that is dropped)."""
+    whose index is ``numel``, land in a slack slot that is dropped).
+
+    Every rank computes this sum itself, so it must come out bit for bit the same on
+    each: colliding indices are added in the gathered (rank) order.  On the CPU
+    ``index_add_`` does that; on CUDA it adds with atomics in whatever order threads
+    arrive, and with three or more ranks the rounding could differ between ranks (their
+    parameters would drift apart), so there it runs under PyTorch's deterministic mode."""
     out = torch.zeros(numel + 1, dtype=torch.float32, device=gathered.device)
     if gathered.numel():
         values = gathered[:, 0].view(torch.float32)
-        out.index_add_(0, gathered[:, 1].long(), values)
+        with _deterministic_if(_adds_with_atomics(out)):
+            out.index_add_(0, gathered[:, 1].long(), values)
     return out[:numel]
+
+
+def _adds_with_atomics(t: torch.Tensor) -> bool:
+    """Whether ``index_add_`` on ``t`` may add colliding entries in a varying order
+    (tests patch this to run the deterministic branch on the CPU)."""
+    return t.device.type != "cpu"
+
+
+@contextmanager
+def _deterministic_if(needed: bool):
+    """PyTorch's deterministic algorithms for the calls inside, restored afterwards.
+    ``warn_only``: an op elsewhere in the process that has no deterministic version
+    warns instead of failing while the switch is on."""
+    if not needed or torch.are_deterministic_algorithms_enabled():
+        yield
+        return
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False, warn_only=warn_only)
 
 
 def read_header_stats(gathered: torch.Tensor, world: int, n: int) -> torch.Tensor:

@@ -55,3 +55,30 @@ def test_stats_appended_to_an_allreduce_come_back_and_leave_the_tensor_alone():
     assert torch.allclose(back, stats, rtol=1e-7, atol=0)
     big = comm.split_stats(comm.with_stats(flat, torch.tensor([1e39] + [0.0] * 5, dtype=torch.float64)), 6)[1]
     assert big[0] == float("inf")   # beyond float32: the optimizer treats the step as non-finite
+
+
+def test_sum_of_colliding_rows_is_deterministic_and_switch_is_restored(monkeypatch):
+    """Where index_add_ adds with atomics (CUDA), unpack_sum switches PyTorch's
+    deterministic algorithms on for the call and restores the previous state."""
+    calls = []
+    real = torch.use_deterministic_algorithms
+    monkeypatch.setattr(torch, "use_deterministic_algorithms",
+                        lambda mode, warn_only=False: (calls.append((mode, warn_only)), real(mode, warn_only=warn_only)))
+    g = torch.Generator().manual_seed(0)
+    rows = [comm.pack(payload(torch.randn(50, generator=g).tolist(),
+                              torch.randperm(60, generator=g)[:50].int().tolist())) for _ in range(3)]
+    gathered = torch.cat(rows)
+    plain = comm.unpack_sum(gathered, 60)
+    assert calls == []                                   # the CPU adds in order without it
+    monkeypatch.setattr(comm, "_adds_with_atomics", lambda t: True)
+    assert torch.equal(comm.unpack_sum(gathered, 60), plain)
+    assert calls == [(True, True), (False, False)]
+    assert not torch.are_deterministic_algorithms_enabled()
+    # a user who enabled it already keeps it: nothing is switched
+    calls.clear()
+    real(True)
+    try:
+        comm.unpack_sum(gathered, 60)
+        assert calls == [] and torch.are_deterministic_algorithms_enabled()
+    finally:
+        real(False)
