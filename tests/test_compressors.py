@@ -180,3 +180,33 @@ def test_stratified_strata_interleave_long_and_short():
         counts[stratified_indices(1003, 400, g)] += 1
     first, second = counts[:501].mean(), counts[501:].mean()
     assert abs(first - second) / (4000 * 400 / 1003) < 0.01
+
+
+@pytest.mark.parametrize("numel,k", [(1003, 10), (1003, 400), (1000, 10), (7, 7), (7, 9)])
+def test_stratified_draw_one_exact_uniform_draw_per_stratum(numel, k):
+    """Random-k's CPU drawer: unique, sorted, int32, one index in each stratum of
+    stratified_indices (floor(i * numel / k) ...), every position reachable."""
+    import numpy as np
+    from horovod_gravac.compressors.randomk import stratified_draw
+    rng = np.random.Generator(np.random.PCG64(0))
+    kk = min(k, numel)
+    starts = [i * numel // kk for i in range(kk + 1)]
+    seen = torch.zeros(numel)
+    for _ in range(300):
+        idx = stratified_draw(numel, k, rng)
+        assert idx.dtype == torch.int32 and idx.numel() == kk
+        assert bool((idx[1:] > idx[:-1]).all()) and idx.min() >= 0 and idx.max() < numel
+        for i in (0, kk // 2, kk - 1):   # the i-th draw lies in the i-th stratum
+            assert starts[i] <= int(idx[i]) < starts[i + 1]
+        seen[idx.long()] += 1
+    if numel / kk <= 5:
+        assert bool((seen > 0).all()), "a position was never drawn"
+
+
+def test_randomk_without_seed_draws_differently_per_instance():
+    """seed=None: each rank's generator comes from OS entropy (the old generator was
+    seeded with 0 on every rank, so 'independent' ranks drew identical indices)."""
+    t = torch.randn(10_000)
+    a, b = RandomKCompressor(cf=50, seed=None), RandomKCompressor(cf=50, seed=None)
+    assert not a.shared_indices
+    assert not torch.equal(a.compress(t)[0].indices, b.compress(t)[0].indices)

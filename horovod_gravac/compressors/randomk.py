@@ -7,14 +7,21 @@ each.  That costs O(k), never touches the other entries, gives every entry a
 chance of about k/numel, and never repeats an index, so the sparse allgather's
 ``index_add_`` and error feedback need no de-duplication.
 
-When ``seed`` is given, the draw comes from a private ``torch.Generator`` seeded
+When ``seed`` is given, the draw comes from a private NumPy PCG64 generator seeded
 with ``(seed, step, bucket)``: every rank that uses the same seed and calls
 ``set_step`` identically picks the same indices, so the optimizer can sum the k
-values with a dense allreduce and send no indices at all.  The global RNG is
-never touched.
+values with a dense allreduce and send no indices at all.  ``seed=None`` seeds the
+generator from the operating system's entropy: each rank draws its own indices (not
+reproducible, so a resumed run will not repeat them).  The global RNG is never
+touched.
+
+Random-k draws on the CPU with :func:`stratified_draw` (integer offsets straight into
+int32, about twice as fast as the float-based :func:`stratified_indices`, which DGC's
+samplers keep because they draw on the tensor's own device).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .base import SparseCompressor
@@ -56,6 +63,24 @@ def stratified_indices(numel: int, k: int, generator: torch.Generator, device=No
     return index if device is None else index.to(device)
 
 
+def stratified_draw(numel: int, k: int, rng: np.random.Generator) -> torch.Tensor:
+    """``k`` unique sorted indices in ``[0, numel)``, one exactly uniform draw per stratum
+    (the strata of :func:`stratified_indices`), on the CPU, as int32 (int64 beyond
+    2**31 - 1 entries), so compressing needs no index conversion."""
+    dtype = np.int32 if numel <= np.iinfo(np.int32).max else np.int64
+    if k >= numel:
+        return torch.from_numpy(np.arange(numel, dtype=dtype))
+    size, extra = divmod(numel, k)
+    if extra == 0:   # equal strata
+        index = np.arange(0, numel, size, dtype=dtype)
+        index += rng.integers(0, size, size=k, dtype=dtype)
+    else:            # floor(i * numel / k) = i * size + floor(i * extra / k), without overflow
+        i = np.arange(k + 1, dtype=np.int64)
+        starts = i * size + i * extra // k
+        index = (starts[:-1] + rng.integers(0, np.diff(starts))).astype(dtype, copy=False)
+    return torch.from_numpy(index)
+
+
 class RandomKCompressor(SparseCompressor):
     """Keep ``numel / cf`` uniformly random entries.
 
@@ -65,7 +90,7 @@ class RandomKCompressor(SparseCompressor):
     Args:
         cf: compression factor.
         seed: ranks sharing a seed pick the same indices each step (no index traffic).
-            ``None`` draws independent indices per rank from a private generator.
+            ``None`` draws independent indices per rank (seeded from OS entropy).
     """
 
     def __init__(self, cf: float = 100.0, seed: int = 1234):
@@ -76,8 +101,7 @@ class RandomKCompressor(SparseCompressor):
         self.shared_indices = seed is not None
         self._step = 0
         self._stream = 0
-        self._generator = torch.Generator()
-        self._generator.manual_seed(0 if seed is None else int(seed))
+        self._rng = np.random.Generator(np.random.PCG64(None if seed is None else int(seed)))
 
     def __repr__(self) -> str:
         # The seed is part of the identity: ranks with different seeds must not pair up.
@@ -88,8 +112,8 @@ class RandomKCompressor(SparseCompressor):
         self._step, self._stream = int(step), int(stream)
         if self.seed is not None:
             mixed = (int(self.seed) * 1_000_003 + self._step) * 1_000_033 + self._stream
-            self._generator.manual_seed(mixed & 0x7FFF_FFFF_FFFF_FFFF)
+            self._rng = np.random.Generator(np.random.PCG64(mixed & 0x7FFF_FFFF_FFFF_FFFF))
 
     def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
-        # The generator lives on the CPU; indices move to the tensor's device.
-        return stratified_indices(flat.numel(), k, self._generator).to(flat.device)
+        # Drawn on the CPU; indices move to the tensor's device.
+        return stratified_draw(flat.numel(), k, self._rng).to(flat.device)
