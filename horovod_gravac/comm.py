@@ -53,6 +53,8 @@ from .compressors.base import SparsePayload
 TIMEOUT_ENV = "HOROVOD_GRAVAC_TIMEOUT"
 #: Seconds a collective may take before the rank gives up (when nothing else is set).
 DEFAULT_TIMEOUT_S = 600.0
+#: Shortest pause between polls of a bounded wait (seconds).
+POLL_MIN_SLEEP_S = 2e-5
 
 
 class CollectiveTimeoutError(TimeoutError):
@@ -107,11 +109,17 @@ def size() -> int:
 
 
 # -- sparse wire format ------------------------------------------------------------
+def header_rows(n: int) -> int:
+    """Rows of a statistics header in front of a rank's allgather block: the payload's
+    row count, then ``n`` float64 statistics as two int32 words each."""
+    return 1 + 2 * n
+
+
 def pack(payload: SparsePayload, stats: Optional[torch.Tensor] = None, numel: int = 0) -> torch.Tensor:
     """The (k, 2) int32 wire buffer; with ``stats`` (float64) a header in front of it
     (see the module docstring; ``numel``: the bucket's size, the header's slack index)."""
     k = payload.values.numel()
-    head = 0 if stats is None else 1 + 2 * stats.numel()
+    head = 0 if stats is None else header_rows(stats.numel())
     out = torch.empty((head + k, 2), dtype=torch.int32, device=payload.values.device)
     out[head:, 0] = payload.values.to(torch.float32).view(torch.int32)
     out[head:, 1] = payload.indices
@@ -163,7 +171,7 @@ def _deterministic_if(needed: bool):
 
 def read_header_stats(gathered: torch.Tensor, world: int, n: int) -> torch.Tensor:
     """The rank-averaged float64 statistics from the headers of a gathered buffer."""
-    head, pos, rows = 1 + 2 * n, 0, []
+    head, pos, rows = header_rows(n), 0, []
     for r in range(world):
         block = gathered[pos:pos + head, 0].cpu()
         if block.numel() != head:
@@ -198,7 +206,7 @@ def allgather_async(tensor: torch.Tensor, name: str):
 
 
 def wait(handle, name: str = "collective", timeout: Optional[float] = None,
-         min_sleep: float = 2e-5) -> torch.Tensor:
+         min_sleep: float = POLL_MIN_SLEEP_S) -> torch.Tensor:
     """The result of an asynchronous collective; raises :class:`CollectiveTimeoutError`
     rather than wait longer than ``timeout`` seconds (``None``: the default, see
     :func:`resolve_timeout`; ``math.inf``: no limit).  ``min_sleep``: the shortest pause
@@ -244,7 +252,8 @@ def _from_bytes(t: torch.Tensor):
 _INLINE_BYTES = 1016
 
 
-def broadcast_object(obj, name: str, timeout: Optional[float] = None, min_sleep: float = 2e-5):
+def broadcast_object(obj, name: str, timeout: Optional[float] = None,
+                     min_sleep: float = POLL_MIN_SLEEP_S):
     """Rank 0's object on every rank (pickled; every rank must call this).
 
     One broadcast of a fixed-size header that carries the pickle's length and, when it

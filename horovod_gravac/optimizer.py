@@ -80,7 +80,6 @@ class _Bucket:
         self.handle = None
         self.kind = None        # "dense" | "sparse" | "shared" | "lowrank"; None: not launched
         self.start = None       # the held-back collective of the stats-carrying bucket
-        self.carries_stats = False
         self.payload = None     # the SparsePayload sent (shared-index path)
         self.launched_finite = True   # False: this rank sent zeros (NaN/Inf gradient)
         self.lowrank = None     # PowerSGD state between its two collectives
@@ -265,11 +264,13 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         None, or the float64 statistics to carry).  With an adaptive controller the
         carrier bucket's collective also carries the step's statistics, complete only
         once every bucket is compressed, so it waits for that."""
-        if bucket is self._carrier and self._controller.needs_consensus:
-            bucket.carries_stats = True
+        if self._carries_stats(bucket):
             bucket.start = start
         else:
             bucket.handle = start(None)
+
+    def _carries_stats(self, bucket) -> bool:
+        return bucket is self._carrier and self._controller.needs_consensus
 
     def _local_stats(self) -> torch.Tensor:
         """This rank's statistics of the step, sent with the carrier bucket: squared norms
@@ -423,7 +424,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             bucket.kind = "sparse"
             def start(stats):
                 if stats is not None:
-                    self._control_bytes += 8 * (1 + 2 * _N_STATS)
+                    self._control_bytes += 8 * comm.header_rows(_N_STATS)
                 return comm.allgather_async(comm.pack(payload, stats, bucket.numel), name)
             self._hold_or_start(bucket, start)
             self._bytes_sent += 8 * k
@@ -467,7 +468,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def _wait_bucket(self, bucket, name: Optional[str] = None) -> torch.Tensor:
         """The bucket's collective result; the carrier's statistics go to ``_step_stats``."""
         out = comm.wait(bucket.handle, name or self._bucket_name(bucket), self._timeout)
-        if bucket.carries_stats:
+        if self._carries_stats(bucket):
             if bucket.kind == "sparse":
                 stats = comm.read_header_stats(out, self._world, _N_STATS)
             else:
@@ -511,7 +512,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     # -- consensus -----------------------------------------------------------------------------
     def _exchange(self, step_stats: List[float], step_time: float, at_boundary: bool,
-                  min_sleep: float = 2e-5) -> dict:
+                  min_sleep: float = comm.POLL_MIN_SLEEP_S) -> dict:
         """Decide the next step on rank 0 and give every rank its decision and observation.
 
         ``step_stats`` are already averaged over ranks (they came with the carrier
