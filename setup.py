@@ -1,4 +1,14 @@
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
+
+# The native CPU kernels of the sparsifiers (plain C, loaded with ctypes; see
+# horovod_gravac/native.py).  optional=True: without a C compiler the install still
+# succeeds and the NumPy code runs instead (same results, slower).
+kernels = Extension(
+    "horovod_gravac._kernels",
+    sources=["horovod_gravac/_native/kernels.c"],
+    extra_compile_args=["-O3", "-std=gnu99"],
+    optional=True,
+)
 
 setup(
     name="horovod_gravac",
@@ -7,6 +17,7 @@ setup(
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["horovod_gravac", "horovod_gravac.*"]),
+    ext_modules=[kernels],
     python_requires=">=3.8",
     # Horovod must be built against the installed torch; scripts/setup.sh does that.
     install_requires=["torch>=2.0", "numpy", "horovod>=0.28"],

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from horovod_gravac import native
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -37,3 +39,16 @@ def run_ranks(np_, script, *args, timeout=240, env=None):
         pytest.fail(f"{np_}-rank run of {Path(script).name} {' '.join(map(str, args))} timed out "
                     f"after {timeout}s (a rank hung).\n{out[-4000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+# The CPU paths of the sparsifiers: the native kernels with AVX-512 ("auto", where the CPU
+# has it), without SIMD ("portable"), and NumPy/torch alone ("off").  All must agree.
+CPU_PATHS = ["auto", "portable", "off"] if native._LIB is not None else ["off"]
+
+
+@pytest.fixture(params=CPU_PATHS)
+def cpu_path(request):
+    """Run a test once per CPU code path (see ``horovod_gravac.native``)."""
+    previous = native.use(request.param)
+    yield request.param
+    native.use(previous)

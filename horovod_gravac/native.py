@@ -1,0 +1,128 @@
+"""The native CPU kernels (``_native/kernels.c``), loaded with ctypes, and their switch.
+
+``setup.py`` builds ``horovod_gravac/_kernels*.so`` as an optional extension: where
+no C compiler is found the install still succeeds and every caller falls back to its
+NumPy code, which gives the same results, only slower (see ``benchmarks/compressors.py``
+for the figures).  The library has no Python module inside (ctypes needs none), so
+it is found by file name rather than imported.
+
+``HOROVOD_GRAVAC_NATIVE`` chooses, read once at import:
+
+* unset or ``1``: the native kernels, with AVX-512 where the CPU has it;
+* ``portable``: the native kernels without SIMD (what a CPU without AVX-512 runs);
+* ``0``: NumPy only.
+
+Tests and benchmarks switch at run time with :func:`use`.  Every path returns the
+same indices and values, so ranks that run different paths still agree.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import os
+from pathlib import Path
+from typing import Optional, Tuple
+
+import numpy as np
+
+__all__ = ["available", "use", "mode", "usable", "select", "drop_smallest", "SLACK"]
+
+# Extra slots every output buffer needs after its capacity (whole-vector stores).
+SLACK = 16
+_INT32_MAX = np.iinfo(np.int32).max
+
+_p = ctypes.c_void_p
+_i64 = ctypes.c_int64
+
+
+def _load() -> Optional[ctypes.CDLL]:
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"_kernels{suffix}"
+        if path.exists():
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError:
+                return None
+            lib.hg_select.restype = _i64
+            lib.hg_select.argtypes = [_p, _i64, ctypes.c_float, ctypes.c_int, ctypes.c_double,
+                                      _p, _p, _i64, ctypes.c_int]
+            lib.hg_drop_smallest.restype = ctypes.c_int
+            lib.hg_drop_smallest.argtypes = [_p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+            lib.hg_simd_level.restype = ctypes.c_int
+            lib.hg_simd_level.argtypes = [ctypes.c_int]
+            return lib
+    return None
+
+
+_LIB = _load()
+_MODE = "off"
+
+
+def use(choice: str) -> str:
+    """Switch to ``"auto"`` (native, SIMD where supported), ``"portable"`` or ``"off"``;
+    returns the previous choice.  ``"auto"``/``"portable"`` fall back to ``"off"`` when
+    the library was not built."""
+    global _MODE
+    if choice not in ("auto", "portable", "off"):
+        raise ValueError(f"native mode must be 'auto', 'portable' or 'off', got {choice!r}")
+    previous = _MODE
+    _MODE = choice if _LIB is not None else "off"
+    return previous
+
+
+use({"0": "off", "portable": "portable"}.get(os.environ.get("HOROVOD_GRAVAC_NATIVE", "1"), "auto"))
+
+
+def available() -> bool:
+    """True when the library is loaded and switched on."""
+    return _MODE != "off"
+
+
+def mode() -> str:
+    """What runs now: ``"avx512"``, ``"portable"`` or ``"numpy"``."""
+    if _MODE == "off":
+        return "numpy"
+    return "avx512" if _LIB.hg_simd_level(int(_MODE == "auto")) == 2 else "portable"
+
+
+def usable(x: np.ndarray) -> bool:
+    """Whether the kernels take this array: switched on, contiguous 1-D float32, int32-indexable."""
+    return (_MODE != "off" and x.dtype == np.float32 and x.ndim == 1 and x.flags.c_contiguous
+            and x.size <= _INT32_MAX)
+
+
+def select(x: np.ndarray, threshold, strict: bool, cap: int) -> Tuple[int, np.ndarray, np.ndarray]:
+    """The entries of ``x`` with ``|x| >= threshold`` (``> threshold`` when ``strict``; NaN
+    passes), in ascending index order: ``(count, idx, val)``.
+
+    ``idx`` (int32) and ``val`` (the signed float32 values) hold the first ``min(count,
+    cap)`` of them; when ``count > cap``, call again with ``cap=count``.  ``x`` must pass
+    :func:`usable`.
+    """
+    cap = max(0, min(int(cap), x.size))
+    idx = np.empty(cap + SLACK, dtype=np.int32)
+    val = np.empty(cap + SLACK, dtype=np.float32)
+    count = _LIB.hg_select(x.ctypes.data, x.size, float(threshold), int(bool(strict)),
+                           cap / max(1, x.size), idx.ctypes.data, val.ctypes.data, cap,
+                           int(_MODE == "auto"))
+    kept = min(count, cap)
+    return count, idx[:kept], val[:kept]
+
+
+def drop_smallest(idx: np.ndarray, val: np.ndarray, k: int, lower_than=None) -> Tuple[np.ndarray, np.ndarray]:
+    """Keep the ``k`` candidates of largest ``|val|`` (NaN largest; ties: the earliest) in
+    place; returns the first ``k`` slots of ``idx`` and ``val``, ascending except where
+    dropped slots were refilled from the tail.
+
+    ``lower_than``: a magnitude expected above the ``len(idx) - k`` smallest candidates;
+    only the candidates below it are searched (all of them when it proves too low).
+    """
+    c = idx.size
+    if c > k:
+        status = _LIB.hg_drop_smallest(idx.ctypes.data, val.ctypes.data, c, int(k),
+                                       0.0 if lower_than is None else float(lower_than),
+                                       int(lower_than is not None), int(_MODE == "auto"))
+        if status != 0:
+            raise MemoryError("horovod_gravac native drop_smallest: out of memory")
+    return idx[:k], val[:k]
