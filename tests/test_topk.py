@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from horovod_gravac import native
 from horovod_gravac.compressors import TopKCompressor, kept_count
 from horovod_gravac.compressors import topk as T
 from horovod_gravac.compressors.topk import topk_indices
@@ -26,6 +27,12 @@ SIZES = [T._TINY - 1, T._TINY + 1, T._SMALL, T._SMALL + 1, CHUNK - 1, CHUNK, CHU
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def native_mode(cpu_path):
+    """Every test runs on each CPU path (the native kernels with and without SIMD, NumPy)."""
+    return cpu_path
 
 
 def reference(x: torch.Tensor, k: int) -> set:
@@ -130,13 +137,14 @@ def test_result_does_not_depend_on_the_sample():
     assert set(a.tolist()) == set(b.tolist())
 
 
-def test_missed_thresholds_fall_back_exactly(monkeypatch):
+def test_missed_thresholds_fall_back_exactly(monkeypatch, native_mode):
     x = data("laplace", 300_001)
     # Thresholds far above the k-th magnitude: both sampled attempts keep too few, then exact.
     monkeypatch.setattr(T, "_SIGMAS", (-50.0, -40.0))
     calls = []
-    real = T._candidates
-    monkeypatch.setattr(T, "_candidates", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    owner, name = (native, "select") if native_mode != "off" else (T, "_candidates")
+    real = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     check_cpu(x, 30_000)
     assert len(calls) == 3
     calls.clear()

@@ -105,6 +105,11 @@ class SparseCompressor(_HorovodCompressor):
         """Return the int64 or int32 flat indices to keep (about ``k`` of them, unique)."""
         raise NotImplementedError
 
+    def select_payload(self, flat: torch.Tensor, k: int) -> SparsePayload:
+        """The payload keeping what :meth:`select` picks.  Subclasses whose selection
+        already holds the values (Top-k's native pass) override this to skip the gather."""
+        return self._payload(flat, self.select(flat, k))
+
     # -- Horovod's Compressor contract -------------------------------------------
     def compress(self, tensor: torch.Tensor) -> Tuple[SparsePayload, SparseContext]:
         check_tensor(tensor)
@@ -113,8 +118,7 @@ class SparseCompressor(_HorovodCompressor):
         if ctx.numel == 0:
             empty = torch.empty(0, dtype=torch.int32, device=flat.device)
             return SparsePayload(empty.float(), empty), ctx
-        indices = self.select(flat, kept_count(ctx.numel, self.cf))
-        return self._payload(flat, indices), ctx
+        return self.select_payload(flat, kept_count(ctx.numel, self.cf)), ctx
 
     def decompress(self, payload: SparsePayload, ctx: SparseContext,
                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -153,8 +157,8 @@ class SparseCompressor(_HorovodCompressor):
         k = kept_count(ctx.numel, self.cf * factor)
         if k >= payload.values.numel():
             return payload
-        sub = self.select(payload.values, k)
-        return SparsePayload(payload.values.index_select(0, sub), payload.indices.index_select(0, sub))
+        sub = self.select_payload(payload.values, k)   # its indices are positions in the payload
+        return SparsePayload(sub.values, payload.indices.index_select(0, sub.indices))
 
     # -- helpers ----------------------------------------------------------------
     @staticmethod

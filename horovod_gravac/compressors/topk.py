@@ -14,29 +14,34 @@ function of the input alone (the sample only changes the speed): among entries t
 at the k-th magnitude the lowest flat indices are kept.  Up to ``_TINY`` entries
 (16384) a single ``torch.topk`` call is cheapest and decides ties its own way.
 
-CPU path (NumPy on the tensor's own memory; float16/bfloat16 are widened first):
+CPU path (on the tensor's own memory; float16/bfloat16 are widened first):
 
 1. sample: ``|x|`` at ``s`` uniform random positions, ``s = (k n)^(1/3)`` clamped to
    ``[2048, 65536]`` (a larger sample costs random memory reads, a smaller one excess
    candidates; the optimum is flat); up to ``_SMALL`` entries ``T`` is instead the
    exact k-th magnitude (``np.partition``);
-2. one pass over cache-sized chunks: ``|x|`` into a reused buffer (``flat.abs()``
-   would be a fresh tensor and its page faults), the candidate mask, its ``nonzero``
-   and the candidates' magnitudes, gathered while the chunk is in cache;
+2. one pass collecting the candidates' indices and values;
 3. the ``e = c - k`` smallest candidates lie below a second sample quantile ``U``;
-   only the candidates under ``U`` are partitioned (the e-th smallest ``V``, ties by
+   only the candidates under ``U`` are searched for the e-th smallest ``V`` (ties by
    index), and the dropped slots among the first ``k`` candidates are refilled from the
-   last ``e``: ``O(c)`` vectorised scans plus ``O(e)`` work.
+   last ``e``: ``O(c)`` scans plus ``O(e)`` work.
 
-The indices come back mostly ascending (ascending except the refilled slots), which
-keeps the value gather of ``compress`` and the scatter of ``decompress`` sequential in
-memory.  When ``T`` is zero (mostly-zero tensors) the candidates are the nonzeros,
-topped up with the lowest-index zeros when there are fewer than ``k``.
+Steps 2 and 3 run in the native kernels (``horovod_gravac.native``) for float32 when
+they are built: one fused pass that compacts survivors inside AVX-512 registers as it
+streams (a portable C loop on other CPUs), and a radix select over the candidates
+below ``U``.  The pass also yields the kept values, so ``compress`` needs no gather.
+Otherwise (float64, or no C compiler at install) NumPy runs them over cache-sized
+chunks: ``|x|`` into a reused buffer, the candidate mask, its ``nonzero`` and the
+candidates' magnitudes, then ``np.partition`` below ``U``.  Both give the same indices
+in the same order.  At 25M entries and CF 10 the native path takes about a quarter of
+NumPy's time (``benchmarks/compressors.py --native off`` prints the NumPy figures).
 
-Measured and left out: a column-max prefilter (as in ``dgc.select_abs_at_least``) is
-slower here at every CF, since NumPy's ``nonzero`` of a sparse mask already costs
-little more than the compare; comparing signed values against ``+-T`` instead of
-taking ``|x|`` gains nothing.
+Measured and left out (NumPy path): a column-max prefilter (as in torch's
+``dgc.select_abs_at_least``) is slower here at every CF, since NumPy's ``nonzero`` of a
+sparse mask already costs little more than the compare; comparing signed values
+against ``+-T`` instead of taking ``|x|`` gains nothing.  (Native path): recording the
+positions below ``U`` inside the main pass costs more (a mispredicted branch per
+block) than a second pass over the ``c`` candidates.
 
 Other devices (CUDA): the same sample in torch ops (131072 entries, ``kthvalue``), both
 thresholds read off it up front, the wider one chosen on the device when the first keeps
@@ -49,12 +54,13 @@ the full-``topk`` fallback add none.  (The CPU path has no device to wait for.)
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
 
-from .base import SparseCompressor
+from .. import native
+from .base import SparseCompressor, SparsePayload
 from .dgc import DeviceGenerators
 
 # CPU: up to _TINY entries a plain torch.topk; up to _SMALL the threshold is the exact
@@ -81,23 +87,30 @@ def topk_indices(magnitude: torch.Tensor, k: int, generator: Optional[torch.Gene
     the threshold sample (the global generator of the device when None); it must live
     on the tensor's device.  See the module docstring for NaN, ties and host syncs.
     """
-    return _topk(magnitude.detach().reshape(-1), int(k), lambda: generator)
+    return _topk(magnitude.detach().reshape(-1), int(k), lambda: generator).long()
 
 
 def _topk(values: torch.Tensor, k: int, generator) -> torch.Tensor:
     """``topk_indices`` of a flat tensor; ``generator()`` gives the generator (called only when sampling)."""
+    return _topk_pair(values, k, generator)[0]
+
+
+def _topk_pair(values: torch.Tensor, k: int, generator) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(indices, kept values)`` of a flat tensor; the values (float32) only when the
+    native kernels produced them on the way (None otherwise: gather them yourself)."""
     n = values.numel()
     if k >= n:
-        return torch.arange(n, device=values.device)
+        return torch.arange(n, device=values.device), None
     if k <= 0:
-        return torch.empty(0, dtype=torch.int64, device=values.device)
+        return torch.empty(0, dtype=torch.int64, device=values.device), None
     if n <= _TINY:   # fixed costs dominate: one call
-        return torch.topk(values.abs(), k, sorted=False).indices
+        return torch.topk(values.abs(), k, sorted=False).indices, None
     if _numpy_path(values):
         if values.dtype not in (torch.float32, torch.float64):
             values = values.float()   # NumPy has no bfloat16; float16 arithmetic is emulated there
-        return torch.from_numpy(_topk_numpy(values.contiguous().numpy(), k, generator))
-    return _topk_torch(values, k, generator())
+        idx, vals = _topk_numpy(values.contiguous().numpy(), k, generator)
+        return torch.from_numpy(idx), (None if vals is None else torch.from_numpy(vals))
+    return _topk_torch(values, k, generator()), None
 
 
 # -- CPU ------------------------------------------------------------------------------------
@@ -215,10 +228,32 @@ def _select_with_threshold(x: np.ndarray, k: int, threshold, upper=None) -> Opti
     return _drop_smallest(idx, vals, k, upper(idx.size - k) if upper is not None else None)
 
 
-def _topk_numpy(x: np.ndarray, k: int, generator) -> np.ndarray:
+def _select_native(x: np.ndarray, k: int, threshold, cap: int, lower=None):
+    """``_select_with_threshold`` by the native kernels, values included: ``(idx, vals)``
+    or None.  ``cap``: the expected candidate count (the pass is repeated, exactly sized,
+    when it is exceeded); ``lower``: a magnitude expected above the ``c - k`` smallest
+    candidates, so that the drop searches only the candidates below it."""
+    strict = threshold <= 0   # zero threshold: the candidates are the nonzeros (and NaNs)
+    count, idx, vals = native.select(x, threshold, strict, cap)
+    if count > idx.size:
+        count, idx, vals = native.select(x, threshold, strict, count)
+    if count < k:
+        if not strict:
+            return None
+        zeros = _zeros_first(x, k - count).astype(np.int32)   # topped up with the first zeros
+        return np.concatenate([idx, zeros]), np.concatenate([vals, x[zeros]])
+    return native.drop_smallest(idx, vals, k, None if strict else lower)
+
+
+def _topk_numpy(x: np.ndarray, k: int, generator) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """CPU top-k of a flat array: ``(idx, vals)``, ``vals`` None unless the native kernels ran."""
     n = x.size
+    fast = native.usable(x)
     if n <= _SMALL:
-        return _select_with_threshold(x, k, _kth_largest(np.abs(x), k))
+        kth = _kth_largest(np.abs(x), k)
+        if fast:
+            return _select_native(x, k, kth, n)
+        return _select_with_threshold(x, k, kth), None
     s = sample_size(n, k)
     pos = torch.randint(n, (s,), generator=generator()).numpy()
     sample = np.abs(x[pos])
@@ -226,18 +261,29 @@ def _topk_numpy(x: np.ndarray, k: int, generator) -> np.ndarray:
     for sigmas in _SIGMAS:
         rank = _rank(s, hits, sigmas)
         threshold = _kth_largest(sample, rank)
+        if fast:
+            # Candidates expected: rank / s of the tensor; room for 6 more standard deviations.
+            cap = int(math.ceil((rank + 6.0 * math.sqrt(rank) + 16.0) * n / s))
+            # The k-th magnitude lies above the sample's (hits - 4 sd)-th largest: the
+            # candidates below that hold the ones to drop.
+            r = int(hits - 4.0 * math.sqrt(hits) - 2.0)
+            out = _select_native(x, k, threshold, cap, _kth_largest(sample, r) if r >= 1 else None)
+        else:
+            def upper(e, rank=rank):
+                # Sampled entries expected between T and the e-th smallest candidate, plus a margin.
+                q = e * s / n
+                r = rank - int(math.ceil(q + 4.0 * math.sqrt(q) + 2.0))
+                return _kth_largest(sample, r) if r >= 1 else None
 
-        def upper(e, rank=rank):
-            # Sampled entries expected between T and the e-th smallest candidate, plus a margin.
-            q = e * s / n
-            r = rank - int(math.ceil(q + 4.0 * math.sqrt(q) + 2.0))
-            return _kth_largest(sample, r) if r >= 1 else None
-
-        out = _select_with_threshold(x, k, threshold, upper)
+            out = _select_with_threshold(x, k, threshold, upper)
+            out = None if out is None else (out, None)
         if out is not None:
             return out
     # Both estimates overshot: the exact k-th magnitude.
-    return _select_with_threshold(x, k, _kth_largest(np.abs(x), k))
+    kth = _kth_largest(np.abs(x), k)
+    if fast:
+        return _select_native(x, k, kth, n)
+    return _select_with_threshold(x, k, kth), None
 
 
 # -- other devices --------------------------------------------------------------------------
@@ -287,3 +333,9 @@ class TopKCompressor(SparseCompressor):
 
     def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         return _topk(flat, k, lambda: self._generators(flat.device))
+
+    def select_payload(self, flat: torch.Tensor, k: int) -> SparsePayload:
+        indices, values = _topk_pair(flat, k, lambda: self._generators(flat.device))
+        if values is None:
+            return self._payload(flat, indices)
+        return SparsePayload(values, indices.to(torch.int32))   # the native pass gathered them
