@@ -19,6 +19,13 @@ FACTORIES = {
     "sidco-gpareto": lambda cf, **kw: SIDCoCompressor(cf, distribution="gpareto", **kw),
     "sidco-gamma": lambda cf, **kw: SIDCoCompressor(cf, distribution="gamma", **kw),
 }
+
+
+@pytest.fixture(autouse=True)
+def _every_cpu_path(cpu_path):
+    """Every test runs on each CPU path (the native kernels with and without SIMD, torch)."""
+
+
 N = 1_000_000   # large enough that CF 1000 goes through the sampled paths (k = 1000)
 
 
