@@ -53,6 +53,9 @@ checked on it) and, as 'fresh', into a newly allocated tensor (Horovod's plain
 bytes per kept entry.  Table 2: theta_min = 10x and a candidate at 1000x, reached either
 multi-level (``compress_further`` of the 10x payload by 100) or directly (compress the
 original again at 1000x); time of both compressions, and the speedup.
+Table 3: compress time of Top-k and the threshold compressors on each CPU path (the
+native kernels with AVX-512 and without SIMD, and the NumPy/torch code that runs when
+they are not built), interleaved; ``--native`` picks the path of tables 1 and 2.
 Targets from issues 2 and 3 are printed beside the figures with PASS/FAIL.
 """
 from __future__ import annotations
@@ -73,6 +76,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from horovod_gravac import native  # noqa: E402
 from horovod_gravac.compressors import (DGCCompressor, RandomKCompressor, RedSyncCompressor,  # noqa: E402
                                         SIDCoCompressor, SparseCompressor, TopKCompressor)
 
@@ -262,6 +266,25 @@ def measure_multilevel(t: torch.Tensor, make, repeats: int, theta_min=10.0, cand
     return best, q_further
 
 
+def measure_kernels(t: torch.Tensor, make, cf: float, repeats: int):
+    """Best compress CPU time on each CPU path (native AVX-512, native portable, NumPy/torch),
+    the paths interleaved within every repeat; ``{path: seconds}`` (only the paths this
+    machine has)."""
+    paths = ["auto", "portable", "off"] if native._LIB is not None else ["off"]
+    comp, best, clock = make(cf), Best(), Clock()
+    previous = native.use("off")
+    try:
+        for _ in range(repeats):
+            for path in paths:
+                native.use(path)
+                comp.compress(t)                     # warm-up on this path
+                clock(lambda: comp.compress(t))
+                best.add(path, clock.cpu, clock.wall)
+    finally:
+        native.use(previous)
+    return best.cpu
+
+
 # -- reporting -------------------------------------------------------------------------------
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
@@ -288,9 +311,13 @@ def main(argv=None) -> int:
     ap.add_argument("--inputs", default="laplace,normal,real")
     ap.add_argument("--compressors", default=",".join(COMPRESSORS))
     ap.add_argument("--no-multilevel", action="store_true", help="skip table 2")
+    ap.add_argument("--no-kernels", action="store_true", help="skip table 3")
     ap.add_argument("--csv", help="also write every figure to this CSV file")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="exit 1 if any target fails")
+    ap.add_argument("--native", choices=["auto", "portable", "off"], default="auto",
+                    help="CPU kernels: native with AVX-512 where supported, native without SIMD, or "
+                         "NumPy/torch only (see horovod_gravac/native.py)")
     ap.add_argument("--malloc", choices=sorted(MALLOC_ENV), default="steady",
                     help="allocator state for large tensors (see the module docstring)")
     args = ap.parse_args(argv)
@@ -300,6 +327,7 @@ def main(argv=None) -> int:
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
 
     torch.set_num_threads(1)
+    native.use(args.native)
     cfs = [float(c) for c in args.cfs.split(",")]
     inputs = args.inputs.split(",")
     names = args.compressors.split(",")
@@ -308,7 +336,7 @@ def main(argv=None) -> int:
             ap.error(f"unknown compressor {name!r}; known: {', '.join(COMPRESSORS)}")
 
     print(f"# compressor benchmark: {args.numel:,} float32 entries, 1 thread, torch {torch.__version__}, "
-          f"{platform.processor() or platform.machine()}, malloc {args.malloc}, "
+          f"{platform.processor() or platform.machine()}, kernels {native.mode()}, malloc {args.malloc}, "
           f"load average {os.getloadavg()[0]:.1f} at start")
     print("# ratio = (compress + decompress) / streaming pass t.abs().max(), thread CPU time, timed "
           f"interleaved, min of {args.repeats}")
@@ -398,9 +426,28 @@ def main(argv=None) -> int:
                                  multi_total_ms=multi * 1e3, direct_total_ms=direct * 1e3, speedup=speedup,
                                  wall_speedup=wall_speedup, speedup_ok=ok, quality_worst=q))
 
+    if not args.no_kernels:
+        print("\nTable 3: compress CPU ms per CPU path, interleaved (native = horovod_gravac/_native/kernels.c;\n"
+              "         'numpy' = the NumPy/torch code that runs when it is not built); speedup = numpy / native")
+        print(f"{'compressor':<14}{'input':<8}{'CF':>5} {'avx512':>8} {'portable':>9} {'numpy':>8} "
+              f"{'speedup':>8} {'portable':>9}")
+        print("-" * 74)
+        for cname in [c for c in ("topk", "dgc", "redsync", "sidco-exp") if c in names]:
+            iname = inputs[0]
+            for cf in cfs:
+                ms = {k: v * 1e3 for k, v in measure_kernels(data[iname], COMPRESSORS[cname], cf,
+                                                             args.repeats).items()}
+                fast, port, slow = ms.get("auto", math.nan), ms.get("portable", math.nan), ms["off"]
+                print(f"{cname:<14}{iname:<8}{cf:>5g} {fast:>8.1f} {port:>9.1f} {slow:>8.1f} "
+                      f"{slow / fast:>7.2f}x {slow / port:>8.2f}x")
+                rows.append(dict(table="kernels", compressor=cname, input=iname, cf=cf,
+                                 avx512_ms=fast, portable_ms=port, numpy_ms=slow))
+
     print(f"\n# load average {os.getloadavg()[0]:.1f} at end; {failures} target(s) failed")
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+        for r in rows:
+            r["kernels"] = native.mode()
         keys = []
         for r in rows:
             keys += [k for k in r if k not in keys]
