@@ -252,3 +252,25 @@ def test_compressor_on_the_accelerator_path_syncs_at_most_once_per_call(monkeypa
             assert sum(f.ops.values()) <= 1, (n, cf, dict(f.ops))
             direct, _ = TopKCompressor(cf=cf * 10).compress(x)
             assert torch.equal(further.values.abs().sort().values, direct.values.abs().sort().values)
+
+
+@pytest.mark.parametrize("kind", ["laplace", "ties", "sparse", "blocky"])
+@pytest.mark.parametrize("cf", [1.5, 10, 1000])
+def test_every_cpu_path_gives_the_same_payload_in_the_same_order(kind, cf):
+    """Ranks may run different paths (a CPU without AVX-512, a build without a compiler):
+    the payload, order included, must not depend on which."""
+    x = data(kind, 300_001)
+    payloads = []
+    previous = native.use("off")
+    try:
+        for path in (["auto", "portable", "off"] if native._LIB is not None else ["off"]):
+            native.use(path)
+            comp = TopKCompressor(cf=cf)
+            payload, ctx = comp.compress(x)
+            payloads.append((payload, comp.compress_further(payload, ctx, 10)))
+    finally:
+        native.use(previous)
+    for (p, f) in payloads[1:]:
+        for a, b in ((p, payloads[0][0]), (f, payloads[0][1])):
+            assert torch.equal(a.indices, b.indices)
+            assert torch.equal(a.values, b.values)

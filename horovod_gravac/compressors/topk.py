@@ -194,7 +194,10 @@ def _drop_smallest(idx: np.ndarray, vals: np.ndarray, k: int, upper) -> np.ndarr
             drop = _smallest_positions(vals, e)
     else:
         drop = _smallest_positions(vals, e)
-    # Keep idx[:k] and refill the dropped slots in it with the surviving tail entries.
+    # Keep idx[:k] and refill the dropped slots in it, in ascending order, with the
+    # surviving tail entries (as the native kernel does, so both give the same order).
+    # drop is two ascending runs (below V, then ties at V): timsort merges them in O(e).
+    drop = np.sort(drop, kind="stable")
     tail = np.ones(e, dtype=bool)
     tail[drop[drop >= k] - k] = False
     out = idx[:k]
