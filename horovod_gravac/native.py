@@ -9,8 +9,11 @@ it is found by file name rather than imported.
 ``HOROVOD_GRAVAC_NATIVE`` chooses, read once at import:
 
 * unset or ``1``: the native kernels, with AVX-512 where the CPU has it;
-* ``portable``: the native kernels without SIMD (what a CPU without AVX-512 runs);
+* ``portable``: the native kernels without their AVX-512 code (what a CPU without
+  AVX-512 runs: portable C, compiled with an AVX2 variant on x86);
 * ``0``: NumPy only.
+
+Any other value is a ``ValueError`` naming the variable, at import.
 
 Tests and benchmarks switch at run time with :func:`use`.  Every path returns the
 same indices and values, so ranks that run different paths still agree.
@@ -25,7 +28,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ["available", "use", "mode", "usable", "select", "drop_smallest", "SLACK"]
+__all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "SLACK"]
 
 # Extra slots every output buffer needs after its capacity (whole-vector stores).
 SLACK = 16
@@ -71,7 +74,11 @@ def use(choice: str) -> str:
     return previous
 
 
-use({"0": "off", "portable": "portable"}.get(os.environ.get("HOROVOD_GRAVAC_NATIVE", "1"), "auto"))
+_ENV_CHOICES = {"1": "auto", "portable": "portable", "0": "off"}
+_env = os.environ.get("HOROVOD_GRAVAC_NATIVE", "1")
+if _env not in _ENV_CHOICES:
+    raise ValueError(f"HOROVOD_GRAVAC_NATIVE must be one of {', '.join(map(repr, _ENV_CHOICES))}, got {_env!r}")
+use(_ENV_CHOICES[_env])
 
 
 def available() -> bool:
@@ -92,14 +99,23 @@ def usable(x: np.ndarray) -> bool:
             and x.size <= _INT32_MAX)
 
 
-def select(x: np.ndarray, threshold, strict: bool, cap: int) -> Tuple[int, np.ndarray, np.ndarray]:
+def select(x: np.ndarray, threshold, strict: bool, expected: int) -> Tuple[np.ndarray, np.ndarray]:
     """The entries of ``x`` with ``|x| >= threshold`` (``> threshold`` when ``strict``; NaN
-    passes), in ascending index order: ``(count, idx, val)``.
+    passes), in ascending index order: ``(idx, val)``, int32 indices and the signed
+    float32 values.  ``x`` must pass :func:`usable`.
 
-    ``idx`` (int32) and ``val`` (the signed float32 values) hold the first ``min(count,
-    cap)`` of them; when ``count > cap``, call again with ``cap=count``.  ``x`` must pass
-    :func:`usable`.
+    ``expected``: how many to make room for; when more pass, the pass is repeated once
+    with exactly enough room (the first pass counted them).
     """
+    count, idx, val = select_into(x, threshold, strict, expected)
+    if count > idx.size:
+        count, idx, val = select_into(x, threshold, strict, count)
+    return idx, val
+
+
+def select_into(x: np.ndarray, threshold, strict: bool, cap: int) -> Tuple[int, np.ndarray, np.ndarray]:
+    """One pass of :func:`select` with room for ``cap`` entries: ``(count, idx, val)``, where
+    ``idx`` and ``val`` hold the first ``min(count, cap)`` of the ``count`` that pass."""
     cap = max(0, min(int(cap), x.size))
     idx = np.empty(cap + SLACK, dtype=np.int32)
     val = np.empty(cap + SLACK, dtype=np.float32)

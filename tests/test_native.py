@@ -77,7 +77,7 @@ def test_usable_only_for_contiguous_float32():
                                       (2.5, False), (np.inf, False), (np.nan, False)])
 def test_select_matches_its_contract(path, n, t, strict):
     x = awkward(n, seed=n)
-    count, idx, val = native.select(x, t, strict, cap=n)
+    count, idx, val = native.select_into(x, t, strict, cap=n)
     want = want_select(x, np.float32(t), strict) if not np.isnan(t) else np.flatnonzero(np.isnan(x))
     assert count == want.size
     assert idx.dtype == np.int32 and val.dtype == np.float32
@@ -89,9 +89,12 @@ def test_select_matches_its_contract(path, n, t, strict):
 def test_select_with_a_small_buffer_counts_all_and_keeps_the_first(path, cap):
     x = awkward(5000, seed=3)
     want = want_select(x, np.float32(0.5), False)
-    count, idx, val = native.select(x, 0.5, False, cap)
+    count, idx, val = native.select_into(x, 0.5, False, cap)
     assert count == want.size > cap
     assert np.array_equal(idx, want[:cap]) and np.array_equal(val.view(np.uint32), x[want[:cap]].view(np.uint32))
+    # select() makes room for all of them when its estimate was short
+    idx, val = native.select(x, 0.5, False, cap)
+    assert np.array_equal(idx, want) and np.array_equal(val.view(np.uint32), x[want].view(np.uint32))
 
 
 def test_both_paths_give_identical_output():
@@ -100,7 +103,7 @@ def test_both_paths_give_identical_output():
     for p in SIMD_PATHS:
         previous = native.use(p)
         try:
-            outs.append(native.select(x, 1.3, False, 100_000))
+            outs.append(native.select_into(x, 1.3, False, 100_000))
         finally:
             native.use(previous)
     (c1, i1, v1), (c2, i2, v2) = outs
@@ -151,3 +154,14 @@ def test_drop_smallest_refills_in_order():
     i2, v2 = native.drop_smallest(idx, vals, 9)
     assert i2.tolist() == [0, 10, 90, 30, 40, 50, 60, 70, 80]
     assert v2.tolist() == [10, 9, 1, 7, 6, 5, 4, 3, 2]
+
+
+def test_an_unknown_switch_value_is_an_error_naming_the_variable():
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, HOROVOD_GRAVAC_NATIVE="yes")
+    proc = subprocess.run([sys.executable, "-c", "import horovod_gravac.native"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "HOROVOD_GRAVAC_NATIVE must be one of" in proc.stderr and "'yes'" in proc.stderr

@@ -167,10 +167,7 @@ def select_abs_at_least(flat: torch.Tensor, threshold: torch.Tensor, density: fl
 def _select_native(x, threshold: float, density: float, magnitudes: bool):
     """``select_abs_at_least`` by the native kernel."""
     # Room for the expected count plus a margin; a miss costs a second, exactly sized pass.
-    cap = int(min(x.size, density * x.size * 1.25 + 4096))
-    count, idx, val = native.select(x, threshold, False, cap)
-    if count > idx.size:
-        count, idx, val = native.select(x, threshold, False, count)
+    idx, val = native.select(x, threshold, False, int(density * x.size * 1.25 + 4096))
     return torch.from_numpy(idx), (torch.from_numpy(np.abs(val, out=val)) if magnitudes else None)
 
 

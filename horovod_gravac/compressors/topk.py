@@ -231,15 +231,14 @@ def _select_with_threshold(x: np.ndarray, k: int, threshold, upper=None) -> Opti
     return _drop_smallest(idx, vals, k, upper(idx.size - k) if upper is not None else None)
 
 
-def _select_native(x: np.ndarray, k: int, threshold, cap: int, lower=None):
+def _select_native(x: np.ndarray, k: int, threshold, expected: int, lower=None):
     """``_select_with_threshold`` by the native kernels, values included: ``(idx, vals)``
-    or None.  ``cap``: the expected candidate count (the pass is repeated, exactly sized,
-    when it is exceeded); ``lower``: a magnitude expected above the ``c - k`` smallest
+    or None.  ``expected``: the expected candidate count (room made for it, see
+    ``native.select``); ``lower``: a magnitude expected above the ``c - k`` smallest
     candidates, so that the drop searches only the candidates below it."""
     strict = threshold <= 0   # zero threshold: the candidates are the nonzeros (and NaNs)
-    count, idx, vals = native.select(x, threshold, strict, cap)
-    if count > idx.size:
-        count, idx, vals = native.select(x, threshold, strict, count)
+    idx, vals = native.select(x, threshold, strict, expected)
+    count = idx.size
     if count < k:
         if not strict:
             return None
@@ -248,15 +247,20 @@ def _select_native(x: np.ndarray, k: int, threshold, cap: int, lower=None):
     return native.drop_smallest(idx, vals, k, None if strict else lower)
 
 
+def _select_exact(x: np.ndarray, k: int, fast: bool) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """Top-k with the exact k-th magnitude as threshold (no sample)."""
+    kth = _kth_largest(np.abs(x), k)
+    if fast:
+        return _select_native(x, k, kth, x.size)
+    return _select_with_threshold(x, k, kth), None
+
+
 def _topk_numpy(x: np.ndarray, k: int, generator) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """CPU top-k of a flat array: ``(idx, vals)``, ``vals`` None unless the native kernels ran."""
     n = x.size
     fast = native.usable(x)
     if n <= _SMALL:
-        kth = _kth_largest(np.abs(x), k)
-        if fast:
-            return _select_native(x, k, kth, n)
-        return _select_with_threshold(x, k, kth), None
+        return _select_exact(x, k, fast)
     s = sample_size(n, k)
     pos = torch.randint(n, (s,), generator=generator()).numpy()
     sample = np.abs(x[pos])
@@ -266,11 +270,11 @@ def _topk_numpy(x: np.ndarray, k: int, generator) -> Tuple[np.ndarray, Optional[
         threshold = _kth_largest(sample, rank)
         if fast:
             # Candidates expected: rank / s of the tensor; room for 6 more standard deviations.
-            cap = int(math.ceil((rank + 6.0 * math.sqrt(rank) + 16.0) * n / s))
+            expected = int(math.ceil((rank + 6.0 * math.sqrt(rank) + 16.0) * n / s))
             # The k-th magnitude lies above the sample's (hits - 4 sd)-th largest: the
             # candidates below that hold the ones to drop.
             r = int(hits - 4.0 * math.sqrt(hits) - 2.0)
-            out = _select_native(x, k, threshold, cap, _kth_largest(sample, r) if r >= 1 else None)
+            out = _select_native(x, k, threshold, expected, _kth_largest(sample, r) if r >= 1 else None)
         else:
             def upper(e, rank=rank):
                 # Sampled entries expected between T and the e-th smallest candidate, plus a margin.
@@ -283,10 +287,7 @@ def _topk_numpy(x: np.ndarray, k: int, generator) -> Tuple[np.ndarray, Optional[
         if out is not None:
             return out
     # Both estimates overshot: the exact k-th magnitude.
-    kth = _kth_largest(np.abs(x), k)
-    if fast:
-        return _select_native(x, k, kth, n)
-    return _select_with_threshold(x, k, kth), None
+    return _select_exact(x, k, fast)
 
 
 # -- other devices --------------------------------------------------------------------------
