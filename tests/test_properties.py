@@ -41,10 +41,16 @@ LOW_RANK = [c for c in CLASSES if getattr(c, "low_rank", False)]
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 DISTRIBUTIONS = ["normal", "laplace", "zeros", "constant", "sparse", "wide", "ties", "tiny"]
 
-# Examples per test; raise for a deeper hunt: GRAVAC_HYPOTHESIS_EXAMPLES=2000 pytest tests/test_properties.py
+# Examples per test; raise for a deeper hunt:
+#   GRAVAC_HYPOTHESIS_EXAMPLES=2000 GRAVAC_HYPOTHESIS_RANDOM=1 pytest tests/test_properties.py
 EXAMPLES = int(os.environ.get("GRAVAC_HYPOTHESIS_EXAMPLES", "30"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# By default the examples are derandomized: every run (CI included) checks the same cases,
+# so a red run is reproducible and a landing never depends on the draw. GRAVAC_HYPOTHESIS_RANDOM=1
+# explores fresh cases; a failure it finds prints a @reproduce_failure to pin it down.
+COMMON = dict(deadline=None, database=None,
+              derandomize=os.environ.get("GRAVAC_HYPOTHESIS_RANDOM", "0") != "1",
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(max_examples=EXAMPLES, **COMMON)
 
 
 def make_values(shape, dist, seed, dtype):
@@ -199,8 +205,7 @@ def feedback_cases(draw):
     return cls, steps, residual0, draw(cfs)
 
 
-@settings(max_examples=5 * EXAMPLES, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=5 * EXAMPLES, **COMMON)
 @given(case=feedback_cases())
 def test_error_feedback_invariant(case):
     """sent + new residual == gradient + old residual, every step, every compressor."""
@@ -211,9 +216,12 @@ def test_error_feedback_invariant(case):
     memory.buffer(0, n, "cpu").copy_(residual0)
     total_sent = torch.zeros(n, dtype=torch.float64)
     total_in = residual0.double().clone()
+    largest_rounded = 0.0  # the largest |g_ef|: each fp32 addition may round by eps32 of it
     for g in grads:
         old = memory.residuals[0].clone()
         g_ef = memory.add(0, [g], [(0, n)], n, "cpu")
+        if n:
+            largest_rounded = max(largest_rounded, g_ef.abs().max().item())
         expected = old + g.reshape(-1).to(torch.float32)
         assert torch.equal(g_ef, expected), "g_ef != residual + g"
         g_ef_copy = g_ef.clone()
@@ -231,9 +239,12 @@ def test_error_feedback_invariant(case):
         assert torch.isfinite(memory.residuals[0]).all()
         total_sent += sent.double()
         total_in += g.reshape(-1).double()
-    # Nothing is lost over several steps (up to fp32 rounding of the running sums).
+    # Nothing is lost over several steps, up to the fp32 rounding of each g_ef = residual + g.
+    # That rounding scales with the largest g_ef, which can dwarf the final sums: gradients
+    # 2, 0, -2 on a residual of 1e-6 sum to 1e-6 but were rounded at magnitude 2.
     if n:
-        scale = total_in.abs().max().item() + total_sent.abs().max().item() + 1e-30
+        scale = (total_in.abs().max().item() + total_sent.abs().max().item()
+                 + largest_rounded + 1e-30)
         err = (total_sent + memory.residuals[0].double() - total_in).abs().max().item()
         assert err <= 1e-5 * scale, (err, scale)
     memory.sent_dense(0)
