@@ -117,13 +117,23 @@ def select_into(x: np.ndarray, threshold, strict: bool, cap: int) -> Tuple[int, 
     """One pass of :func:`select` with room for ``cap`` entries: ``(count, idx, val)``, where
     ``idx`` and ``val`` hold the first ``min(count, cap)`` of the ``count`` that pass."""
     cap = max(0, min(int(cap), x.size))
-    idx = np.empty(cap + SLACK, dtype=np.int32)
-    val = np.empty(cap + SLACK, dtype=np.float32)
+    idx = _aligned_empty(cap + SLACK, np.int32)
+    val = _aligned_empty(cap + SLACK, np.float32)
     count = _LIB.hg_select(x.ctypes.data, x.size, float(threshold), int(bool(strict)),
                            cap / max(1, x.size), idx.ctypes.data, val.ctypes.data, cap,
                            int(_MODE == "auto"))
     kept = min(count, cap)
     return count, idx[:kept], val[:kept]
+
+
+def _aligned_empty(count: int, dtype) -> np.ndarray:
+    """An uninitialised 1-D array starting on a 64-byte boundary: the kept values become
+    the input of the next level of multi-level compression, and the AVX-512 pass reads
+    whole cache lines (NumPy itself only guarantees 16 bytes)."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = np.empty(count + 64 // itemsize, dtype=dtype)
+    skip = (-raw.ctypes.data % 64) // itemsize
+    return raw[skip:skip + count]
 
 
 def drop_smallest(idx: np.ndarray, val: np.ndarray, k: int, lower_than=None) -> Tuple[np.ndarray, np.ndarray]:

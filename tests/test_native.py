@@ -97,6 +97,32 @@ def test_select_with_a_small_buffer_counts_all_and_keeps_the_first(path, cap):
     assert np.array_equal(idx, want) and np.array_equal(val.view(np.uint32), x[want].view(np.uint32))
 
 
+@pytest.mark.parametrize("n", [3, 40, 1000])
+@pytest.mark.parametrize("cap_of", ["all", "two"])
+def test_select_from_any_alignment(path, n, cap_of):
+    """The vector loop starts at the first 64-byte boundary (the entries before it go
+    through portable C): every start offset, with the buffer filling inside the head."""
+    base = awkward(n + 32, seed=n)
+    for offset in range(17):
+        x = base[offset:offset + n]
+        cap = n if cap_of == "all" else 2
+        for t, strict in ((0.0, True), (0.3, False), (2.0, False)):
+            want = want_select(x, np.float32(t), strict)
+            count, idx, val = native.select_into(x, t, strict, cap)
+            assert count == want.size, (offset, t)
+            assert np.array_equal(idx, want[:cap]), (offset, t)
+            assert np.array_equal(val.view(np.uint32), x[want[:cap]].view(np.uint32)), (offset, t)
+
+
+def test_select_output_is_cache_line_aligned():
+    """The kept values feed the next level of multi-level compression: they start on a
+    64-byte boundary, so that pass reads whole cache lines."""
+    x = awkward(10_000, seed=1)
+    for cap in (1, 17, 5000):
+        _, idx, val = native.select_into(x, 0.1, False, cap)
+        assert idx.ctypes.data % 64 == 0 and val.ctypes.data % 64 == 0
+
+
 def test_both_paths_give_identical_output():
     x = awkward(300_001, seed=5)
     outs = []
