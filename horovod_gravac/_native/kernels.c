@@ -85,9 +85,9 @@ SELECT_PORTABLE(select_portable_gt, b > tkey)
 #ifdef HG_X86
 #define HG_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,popcnt")))
 
-/* AVX-512, 16 entries per step from x + start, which must be 64-byte aligned (a load
- * that straddles two cache lines costs about half as much again: measured 6.4 against
- * 3.8 ms over 25M entries).  Survivors are compacted inside a register and stored
+/* AVX-512, 16 entries per step from x + start, which must be 64-byte aligned (loads
+ * that straddle two cache lines made the pass 1.3-1.4x slower: benchmarks/select_floor.c).
+ * Survivors are compacted inside a register and stored
  * as a whole vector (lanes past the survivors are overwritten by the next store):
  * much faster than a compress-store to memory, which is microcoded on AMD cores.
  * `dense`: store every step without testing the mask, which beats a branch that is
