@@ -196,13 +196,49 @@ def split_stats(reduced: torch.Tensor, n: int):
 
 
 # -- collectives -------------------------------------------------------------------
-def allreduce_mean_async(tensor: torch.Tensor, name: str):
+# ``process_set``: the Horovod process set the collective runs in (None: every rank).
+# Horovod names a broadcast's root by its *global* rank, also inside a process set.
+
+def _ps(process_set):
+    return hvd.global_process_set if process_set is None else process_set
+
+
+def group_size(process_set=None) -> int:
+    return _ps(process_set).size()
+
+
+def group_rank(process_set=None) -> int:
+    """This process's rank inside ``process_set`` (0 is the set's root)."""
+    return _ps(process_set).rank()
+
+
+def group_root(process_set=None) -> int:
+    """Global rank of the process set's first member: the root of our broadcasts."""
+    ranks = _ps(process_set).ranks
+    return ranks[0] if ranks else 0
+
+
+def allreduce_async(tensor: torch.Tensor, name: str, op=None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, process_set=None):
+    """In-place allreduce (``op``: ``hvd.Average`` by default, or ``hvd.Sum``); the
+    scale factors are Horovod's (``gradient_predivide_factor`` uses them)."""
+    return hvd.allreduce_async_(tensor, op=hvd.Average if op is None else op, name=name,
+                                prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                process_set=_ps(process_set))
+
+
+def allreduce_mean_async(tensor: torch.Tensor, name: str, process_set=None):
     """In-place average across ranks (dense gradients, shared-index values)."""
-    return hvd.allreduce_async_(tensor, op=hvd.Average, name=name)
+    return allreduce_async(tensor, name, process_set=process_set)
 
 
-def allgather_async(tensor: torch.Tensor, name: str):
-    return hvd.allgather_async(tensor, name=name)
+def allgather_async(tensor: torch.Tensor, name: str, process_set=None):
+    return hvd.allgather_async(tensor, name=name, process_set=_ps(process_set))
+
+
+def broadcast_async_(tensor: torch.Tensor, name: str, process_set=None):
+    """In-place broadcast from the process set's root."""
+    return hvd.broadcast_async_(tensor, group_root(process_set), name=name, process_set=_ps(process_set))
 
 
 def wait(handle, name: str = "collective", timeout: Optional[float] = None,
@@ -210,8 +246,7 @@ def wait(handle, name: str = "collective", timeout: Optional[float] = None,
     """The result of an asynchronous collective; raises :class:`CollectiveTimeoutError`
     rather than wait longer than ``timeout`` seconds (``None``: the default, see
     :func:`resolve_timeout`; ``math.inf``: no limit).  ``min_sleep``: the shortest pause
-    between polls (each poll takes the GIL; a helper thread off the critical path
-    polls less often so it takes less from the training thread)."""
+    between polls (each poll takes the GIL)."""
     if timeout is None:
         timeout = resolve_timeout(None)
     if not math.isinf(timeout) and not hvd.poll(handle):
@@ -227,15 +262,10 @@ def wait(handle, name: str = "collective", timeout: Optional[float] = None,
     return hvd.synchronize(handle)
 
 
-def allreduce_mean(values, name: str, timeout: Optional[float] = None) -> torch.Tensor:
+def allreduce_mean(values, name: str, timeout: Optional[float] = None, process_set=None) -> torch.Tensor:
     """Average a small float64 vector across ranks (one collective, blocking)."""
-    t = torch.as_tensor(values, dtype=torch.float64)
-    return wait(hvd.allreduce_async(t, op=hvd.Average, name=name), name, timeout)
-
-
-def allreduce_max(values, name: str, timeout: Optional[float] = None) -> torch.Tensor:
-    t = torch.as_tensor(values, dtype=torch.float64)
-    return wait(hvd.allreduce_async(t, op=hvd.Max, name=name), name, timeout)
+    t = torch.as_tensor(values, dtype=torch.float64).clone()
+    return wait(allreduce_async(t, name, process_set=process_set), name, timeout)
 
 
 def _to_bytes(obj) -> torch.Tensor:
@@ -253,39 +283,39 @@ _INLINE_BYTES = 1016
 
 
 def broadcast_object(obj, name: str, timeout: Optional[float] = None,
-                     min_sleep: float = POLL_MIN_SLEEP_S):
+                     min_sleep: float = POLL_MIN_SLEEP_S, process_set=None):
     """Rank 0's object on every rank (pickled; every rank must call this).
 
     One broadcast of a fixed-size header that carries the pickle's length and, when it
     fits (up to ``_INLINE_BYTES``; a GraVAC decision is ~200), the pickle itself; a
     second broadcast only for larger objects.  Each is bounded by ``timeout``.
     (``hvd.broadcast_object`` always needs two: the receivers do not know the size.)"""
-    root = hvd.rank() == 0
+    root = group_rank(process_set) == 0
     data = _to_bytes(obj) if root else None
     head = torch.zeros(8 + _INLINE_BYTES, dtype=torch.uint8)
     if root:
         head[:8].view(torch.int64)[0] = data.numel()
         if data.numel() <= _INLINE_BYTES:
             head[8:8 + data.numel()] = data
-    wait(hvd.broadcast_async_(head, 0, name=name + ".head"), name + ".head", timeout, min_sleep)
+    wait(broadcast_async_(head, name + ".head", process_set), name + ".head", timeout, min_sleep)
     size = int(head[:8].view(torch.int64)[0])
     if root:
         if size > _INLINE_BYTES:
-            wait(hvd.broadcast_async_(data, 0, name=name + ".t"), name + ".t", timeout, min_sleep)
+            wait(broadcast_async_(data, name + ".t", process_set), name + ".t", timeout, min_sleep)
         return obj
     if size <= _INLINE_BYTES:
         return _from_bytes(head[8:8 + size])
     data = torch.zeros(size, dtype=torch.uint8)
-    wait(hvd.broadcast_async_(data, 0, name=name + ".t"), name + ".t", timeout, min_sleep)
+    wait(broadcast_async_(data, name + ".t", process_set), name + ".t", timeout, min_sleep)
     return _from_bytes(data)
 
 
-def allgather_object(obj, name: str, timeout: Optional[float] = None):
+def allgather_object(obj, name: str, timeout: Optional[float] = None, process_set=None):
     """Every rank's object, in rank order (two allgathers, each bounded by ``timeout``)."""
     data = _to_bytes(obj)
-    sizes = wait(hvd.allgather_async(torch.tensor([data.numel()], dtype=torch.int64), name=name + ".sz"),
+    sizes = wait(allgather_async(torch.tensor([data.numel()], dtype=torch.int64), name + ".sz", process_set),
                  name + ".sz", timeout).tolist()
-    gathered = wait(hvd.allgather_async(data, name=name + ".t"), name + ".t", timeout)
+    gathered = wait(allgather_async(data, name + ".t", process_set), name + ".t", timeout)
     out, start = [], 0
     for n in sizes:
         out.append(_from_bytes(gathered[start:start + n]))

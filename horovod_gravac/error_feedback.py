@@ -31,6 +31,7 @@ class ErrorFeedback:
         self.momentum = momentum
         self.residuals: Dict[int, torch.Tensor] = {}
         self.velocities: Dict[int, torch.Tensor] = {}
+        self._snapshots: Dict[int, tuple] = {}   # see snapshot()
 
     def buffer(self, key: int, numel: int, device) -> torch.Tensor:
         buf = self.residuals.get(key)
@@ -39,9 +40,18 @@ class ErrorFeedback:
             self.residuals[key] = buf
         return buf
 
-    def add(self, key: int, grads: Iterable[Optional[torch.Tensor]], offsets, numel: int, device) -> torch.Tensor:
-        """residual += concatenated gradients (missing gradients count as zero)."""
+    def add(self, key: int, grads: Iterable[Optional[torch.Tensor]], offsets, numel: int, device,
+            scale: float = 1.0) -> torch.Tensor:
+        """residual += concatenated gradients (missing gradients count as zero).
+
+        ``scale``: the gradients carry a loss scale (mixed precision) and the residual
+        does not; the residual (and velocity) is scaled to match first, and
+        :meth:`unscale` takes it back after sending (exact for powers of two)."""
         buf = self.buffer(key, numel, device)
+        if scale != 1.0:
+            buf.mul_(scale)
+            if key in self.velocities:
+                self.velocities[key].mul_(scale)
         if self.momentum is None:
             for g, (start, end) in zip(grads, offsets):
                 if g is not None:
@@ -70,6 +80,44 @@ class ErrorFeedback:
     def sent_approximation(self, key: int, approximation: torch.Tensor) -> None:
         """A lossy (e.g. low-rank) version was sent: keep what it missed."""
         self.residuals[key].sub_(approximation.reshape(-1))
+
+    def unscale(self, key: int, scale: float) -> None:
+        """Undo :meth:`add`'s ``scale`` once the step's residual is final."""
+        if scale != 1.0:
+            self.residuals[key].div_(scale)
+            if key in self.velocities:
+                self.velocities[key].div_(scale)
+
+    def snapshot(self, key: int) -> None:
+        """Remember this key's residual (and velocity) so :meth:`restore` can undo a step
+        that is later skipped (a loss-scaler overflow on some rank).  Costs one more
+        copy of the buffers; the optimizer takes it only when given a ``grad_scaler``."""
+        if key not in self.residuals:
+            self._snapshots[key] = (None, None)
+            return
+        old = self._snapshots.get(key)
+        res, vel = self.residuals[key], self.velocities.get(key)
+        res_copy = old[0] if old and old[0] is not None and old[0].shape == res.shape else torch.empty_like(res)
+        res_copy.copy_(res)
+        vel_copy = None
+        if vel is not None:
+            vel_copy = old[1] if old and old[1] is not None and old[1].shape == vel.shape else torch.empty_like(vel)
+            vel_copy.copy_(vel)
+        self._snapshots[key] = (res_copy, vel_copy)
+
+    def restore(self, key: int) -> None:
+        """Back to the last :meth:`snapshot` of ``key`` (zero if it had no residual then)."""
+        res_copy, vel_copy = self._snapshots.get(key, (None, None))
+        if key in self.residuals:
+            if res_copy is None:
+                self.residuals[key].zero_()
+            else:
+                self.residuals[key].copy_(res_copy)
+        if key in self.velocities:
+            if vel_copy is None:
+                self.velocities[key].zero_()
+            else:
+                self.velocities[key].copy_(vel_copy)
 
     def reset(self) -> None:
         for buf in list(self.residuals.values()) + list(self.velocities.values()):

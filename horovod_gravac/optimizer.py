@@ -1,62 +1,81 @@
 """``horovod_gravac.DistributedOptimizer``: a drop-in for ``hvd.DistributedOptimizer``.
 
-What it keeps from Horovod's optimizer: communication starts from backward hooks
-(per bucket, as soon as every gradient of the bucket is accumulated),
-``synchronize()`` / ``skip_synchronize()``, ``backward_passes_per_step``, the
-``zero_grad`` race check, and the class of the wrapped optimizer
-(``isinstance(opt, torch.optim.SGD)`` still holds).
+It takes every argument of Horovod's optimizer, in Horovod's positional order
+(``compression``, ``op``, ``gradient_predivide_factor``, ``groups``,
+``sparse_as_dense``, ``process_set``...), and keeps its contract: communication
+starts from backward hooks, ``synchronize()`` / ``skip_synchronize()``,
+``set_backward_passes_per_step``, the ``zero_grad`` race check, the class of the
+wrapped optimizer (``isinstance(opt, torch.optim.SGD)`` still holds), and
+``hvd.broadcast_optimizer_state`` initialising state without a distributed step.
 
-What it adds, per bucket and step (see ``controllers.py`` for who decides):
+What it adds, per bucket of gradients and step (see ``controllers.py`` for who decides):
 
 1. g_ef = g + residual                        (error feedback, ``error_feedback.py``)
 2. g_min = C(g_ef, theta_min)                 (first level)
 3. g_c   = C(g_min, theta_s)                  (multi-level: the candidate from g_min)
 4. send dense g_ef, g_min or g_c as decided   (``comm.py``: allreduce or one allgather)
-5. residual = g_ef - sent
+5. residual = g_ef - sent                     (once the step's collectives are done)
 
 Adaptive controllers (GraVAC, Accordion) also need the step's squared norms
 averaged over ranks.  They ride inside the last bucket's collective (``comm.py``
-describes how; no collective of their own); that bucket holds its collective back until
-every other bucket is compressed, which is when the norms are complete (it holds the
-model's first layers, so backward normally reaches it last anyway).  After the step,
-rank 0 turns the averaged norms and its step time into the next decision and
-broadcasts both (``hvd.broadcast_object``); every other rank feeds its controller
-the same observation and adopts rank 0's decision, so every rank calls the same
-collectives in the next step.  Static controllers skip all of this.  The broadcast
-runs on a helper thread while the next step's forward and backward passes run; the
-first bucket of the next step waits for it, so the decision sequence is exactly what
-a synchronous exchange gives (``overlap_consensus=False`` does it synchronously).
+describes how); that bucket holds its collective back until every other bucket is
+compressed.  Rank 0's decision for the next step then travels in one small
+asynchronous broadcast submitted inside ``step()`` (``consensus.py``).  Every
+collective of this package is submitted from the training thread, in the same
+order on every rank, so users' own (even unnamed) collectives never interleave
+differently on different ranks.
 
 Collective names start with ``gravac.`` for the first optimizer a process builds and
 ``gravac<n>.`` for the n-th after it, so several optimizers (a GAN's two, say) can
 have collectives in flight at once.  Every rank must build its optimizers in the
 same order, as with any Horovod collective; the start-up check says so if not.
 
-Non-finite gradients: a rank whose bucket holds a NaN/Inf contributes zeros for
-that bucket in that step and leaves its residual untouched; every rank receives
-the same aggregate, so parameters stay identical.  The event is counted in
-``stats["nonfinite_buckets"]`` and the step's gains are not fed to the controller.
+Non-finite gradients (``nonfinite=``):
+
+* ``"propagate"`` (default, as Horovod): a bucket holding NaN/Inf on any rank
+  arrives non-finite on every rank, so ``torch.amp.GradScaler`` sees the overflow
+  everywhere, every rank skips the step and the scale backs off.  The rank's
+  residual for that bucket is left untouched and the step's gains are not fed to
+  the controller.
+* ``"zero"``: that rank contributes zeros for the bucket instead; the other ranks'
+  gradients still make a (smaller) update.
+
+With ``grad_scaler=`` (the ``GradScaler`` of the training loop) residuals are kept
+in unscaled units, so results do not depend on the loss scale, and a step that is
+non-finite anywhere leaves residuals, the interval sum and the controller exactly as
+before it (at the cost of one more copy of the residuals).
 """
 from __future__ import annotations
 
-import concurrent.futures
 import copy
 import itertools
 import math
 import time
-import zlib
 import warnings
+import zlib
 from contextlib import contextmanager
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+import horovod.torch as hvd
+
 from . import comm
-from .compressors.base import FLOAT_DTYPES, SparseCompressor, check_cf
+from .compressors.base import FLOAT_DTYPES, SparseCompressor, SparsePayload, check_cf
 from .compressors.powersgd import orthonormalize
 from .compressors.topk import TopKCompressor
-from .controllers import DENSE, Controller, Decision, Dense, StepObservation
+from .consensus import CONSENSUS_STATS, N_STATS, DecisionExchange, sync_step_index
+from .controllers import DENSE, Controller, Decision, Dense, StaticCF, StepObservation
 from .error_feedback import ErrorFeedback
+
+# Horovod's ``broadcast_optimizer_state`` calls the *base* optimizer's ``step()`` (to
+# create momentum buffers etc. without any communication) only for optimizers whose
+# ``__module__`` is that of its own wrapper; for any other class it calls ``step()``,
+# which here would run a whole distributed step on zero gradients.  Our wrapper
+# classes claim that module so Horovod treats them exactly like its own.
+_HOROVOD_OPTIMIZER_MODULE = hvd.DistributedOptimizer.__module__
+_FP32_MAX = torch.finfo(torch.float32).max
+NONFINITE_POLICIES = ("propagate", "zero")
 
 
 class _Bucket:
@@ -64,6 +83,12 @@ class _Bucket:
 
     def __init__(self, index: int, named: List[Tuple[str, torch.nn.Parameter]]):
         self.index = index
+        self.accumulated: Optional[torch.Tensor] = None   # Accordion's gradient sum
+        self.accumulated_backup: Optional[torch.Tensor] = None
+        self._set_params(named)
+        self.reset()
+
+    def _set_params(self, named):
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.offsets, start = [], 0
@@ -71,9 +96,18 @@ class _Bucket:
             self.offsets.append((start, start + p.numel()))
             start += p.numel()
         self.numel = start
-        self.device = self.params[0].device
-        self.accumulated: Optional[torch.Tensor] = None   # Accordion's gradient sum
-        self.reset()
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.expected = len(self.params)   # hooks that must fire before it launches
+
+    def remove(self, p) -> Tuple[int, int]:
+        """Take ``p`` out (its gradient turned out sparse); returns its old slice."""
+        i = next(i for i, q in enumerate(self.params) if q is p)
+        old = self.offsets[i]
+        named = [(n, q) for n, q in zip(self.names, self.params) if q is not p]
+        self._set_params(named)
+        self.accumulated = None
+        self.accumulated_backup = None
+        return old
 
     def reset(self):
         self.ready = 0
@@ -81,106 +115,178 @@ class _Bucket:
         self.kind = None        # "dense" | "sparse" | "shared" | "lowrank"; None: not launched
         self.start = None       # the held-back collective of the stats-carrying bucket
         self.payload = None     # the SparsePayload sent (shared-index path)
-        self.launched_finite = True   # False: this rank sent zeros (NaN/Inf gradient)
+        self.sent_indices = None        # entries sent exactly (residual zeroed there)
+        self.update_residual = False    # the residual was formed this step
+        self.parked: List[Tuple[int, int, torch.Tensor]] = []   # frozen params' residual slices
+        self.wire_ctx = None    # Horovod compression context of the dense wire
+        self.with_stats = False # its collective carries the step's statistics
+        self.launched_finite = True     # False: this rank's bucket held NaN/Inf
         self.lowrank = None     # PowerSGD state between its two collectives
 
 
-def _make_buckets(named: List[Tuple[str, torch.nn.Parameter]], cap_bytes: int) -> List[_Bucket]:
+def _make_buckets(named: List[Tuple[str, torch.nn.Parameter]], cap_bytes: int,
+                  first_index: int = 0) -> List[_Bucket]:
     # Reverse registration order approximates the order gradients become ready.
     buckets, current, size = [], [], 0
     for name, p in reversed(named):
         if current and (size + p.numel() * 4 > cap_bytes or p.device != current[0][1].device):
-            buckets.append(_Bucket(len(buckets), current))
+            buckets.append(_Bucket(first_index + len(buckets), current))
             current, size = [], 0
         current.append((name, p))
         size += p.numel() * 4
     if current:
-        buckets.append(_Bucket(len(buckets), current))
+        buckets.append(_Bucket(first_index + len(buckets), current))
     return buckets
 
 
-class _GravacDistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, named_parameters, compressor, controller: Controller,
-                 backward_passes_per_step: int = 1, bucket_cap_mb: float = 25.0,
-                 check_consistency: bool = True, momentum_correction: Optional[float] = None,
-                 local_clip_norm: Optional[float] = None, timeout_s: Optional[float] = None,
-                 overlap_consensus: bool = True):
-        super(self.__class__, self).__init__(params)
-        if not isinstance(controller, Controller):
-            raise ValueError(f"controller must be a horovod_gravac controller "
-                             f"(Dense, StaticCF, GraVAC, Accordion), got {controller!r}")
-        if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
-                or backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
-        if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
-                or not 0 < bucket_cap_mb < float("inf"):
-            raise ValueError(f"bucket_cap_mb must be a finite number > 0, got {bucket_cap_mb!r}")
-        self._timeout = comm.resolve_timeout(timeout_s)   # seconds per collective (inf: none)
-        if not isinstance(overlap_consensus, bool):
-            raise ValueError(f"overlap_consensus must be True or False, got {overlap_consensus!r}")
-        self.overlap_consensus = overlap_consensus
-        self._consensus_thread: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._pending = None   # (future, stats dict) of a consensus exchange still running
-        self._controller = controller
-        self.backward_passes_per_step = backward_passes_per_step
-        self._compressor_factory = _compressor_factory(compressor)
-        self._compressors: Dict[float, SparseCompressor] = {}
+def _grouped_buckets(named, groups, cap_bytes) -> List[_Bucket]:
+    """Horovod's ``groups``: an int splits the parameters into that many buckets of
+    consecutive parameters; a list of lists makes each inner list one bucket (the
+    parameters in no list are bucketed by ``bucket_cap_mb``)."""
+    if isinstance(groups, int):
+        n = min(groups, len(named))
+        base, extra = divmod(len(named), n) if n else (0, 0)
+        chunks, pos = [], 0
+        for i in range(n):
+            size = base + (1 if i < extra else 0)
+            chunks.append(named[pos:pos + size])
+            pos += size
+        return [_Bucket(i, list(reversed(c))) for i, c in enumerate(reversed(chunks)) if c]
+    position = {id(p): i for i, (_, p) in enumerate(named)}
+    buckets, grouped = [], set()
+    for group in reversed(groups):
+        members = [named[position[id(p)]] for p in group if id(p) in position]
+        grouped.update(id(p) for p in group)
+        if members:
+            buckets.append(_Bucket(len(buckets), members))
+    rest = [(n, p) for n, p in named if id(p) not in grouped]
+    return buckets + _make_buckets(rest, cap_bytes, first_index=len(buckets))
 
-        named = _named_parameters(self.param_groups, named_parameters)
-        for name, p in named:
-            if p.requires_grad and p.dtype not in FLOAT_DTYPES:
-                raise ValueError(f"parameter {name!r} has dtype {p.dtype}; only floating-point "
-                                 f"parameters can be trained with gradient compression")
-        trainable = [(n, p) for n, p in named if p.requires_grad]
-        self._buckets = _make_buckets(trainable, int(bucket_cap_mb * 2 ** 20))
+
+class _GravacDistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, opts: dict):
+        super(self.__class__, self).__init__(params)
+        controller = opts["controller"]
+        self._timeout = comm.resolve_timeout(opts["timeout_s"])   # seconds per collective (inf: none)
+        self.overlap_consensus = opts["overlap_consensus"]
+        self._controller = controller
+        self.backward_passes_per_step = opts["backward_passes_per_step"]
+        self.op = opts["op"]
+        self.gradient_predivide_factor = float(opts["gradient_predivide_factor"])
+        self.sparse_as_dense = opts["sparse_as_dense"]
+        self.process_set = opts["process_set"]
+        self._wire = opts["compression"]          # Horovod compressor of dense allreduces
+        self._nonfinite_policy = opts["nonfinite"]
+        self._grad_scaler = opts["grad_scaler"]
+        self._bucket_cap_bytes = int(opts["bucket_cap_mb"] * 2 ** 20)
+        self._compressor_factory = _compressor_factory(opts["compressor"])
+        self._compressors: Dict[float, SparseCompressor] = {}
+        self._included = bool(self.process_set.included())
+
+        named_all = _named_list(named_parameters)
+        self._names = {id(p): n for n, p in named_all}
+        named = _named_parameters(self.param_groups, named_all if named_parameters is not None else None)
+        _check_float(named)
+        # Every floating-point parameter gets a bucket, frozen ones too: unfreezing later
+        # must not leave a parameter out of the exchange (ranks would diverge).
+        floats = [(n, p) for n, p in named if p.dtype in FLOAT_DTYPES]
+        groups = opts["groups"]
+        if groups is None:
+            self._buckets = _make_buckets(floats, self._bucket_cap_bytes)
+        else:
+            self._buckets = _grouped_buckets(floats, groups, self._bucket_cap_bytes)
         # The bucket whose collective also carries the step's statistics (adaptive controllers).
         self._carrier = self._buckets[-1] if self._buckets else None
         self._prefix = _collective_prefix()
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
-        self._delay = {p: backward_passes_per_step for _, p in trainable}
-        self._memory = ErrorFeedback(momentum_correction)
-        if local_clip_norm is not None and not (isinstance(local_clip_norm, (int, float))
-                                                and local_clip_norm > 0):
-            raise ValueError(f"local_clip_norm must be > 0 or None, got {local_clip_norm!r}")
-        self.local_clip_norm = local_clip_norm
+        self._delay = {p: self.backward_passes_per_step for _, p in floats}
+        self._memory = ErrorFeedback(opts["momentum_correction"])
+        self.local_clip_norm = opts["local_clip_norm"]
         self._lowrank_q: Dict[tuple, torch.Tensor] = {}   # PowerSGD warm start per (param, rank)
+        self._sparse: Dict[torch.nn.Parameter, dict] = {}  # params whose gradients are sparse
         sample_compressor = self._compressor_factory(10.0)   # for type checks and the start-up check
+        self._shared_seed = hasattr(sample_compressor, "set_step")
         if getattr(sample_compressor, "low_rank", False) and controller.needs_consensus \
                 and not controller.needs_accumulation:
             raise ValueError("controller GraVAC needs a sparsifying compressor (multi-level "
                              "compression); use PowerSGD with Dense, StaticCF or Accordion")
-        self._world = comm.size()
+        self._world = comm.group_size(self.process_set) if self._included else 1
         if hasattr(controller, "set_world_size"):
             controller.set_world_size(self._world)
-        if check_consistency and self._world > 1:
-            self._check_consistency(trainable, sample_compressor)
+        self._exchange = DecisionExchange(controller, f"{self._prefix}.decision", self._timeout,
+                                          self.process_set) if controller.needs_consensus else None
+        if opts["check_consistency"] and self._included and self._world > 1:
+            self._check_consistency(floats, sample_compressor)
 
         self._synchronized = False
         self._should_synchronize = True
         self._step_index = 0
+        self._state_synced = False   # rank 0's controller state is taken before the first bucket
         self._step_start: Optional[float] = None
+        self._scale = 1.0            # the loss scale of the step's gradients (grad_scaler)
         self._reset_step_counters()
         self._stats: Dict[str, float] = {}
-        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(p)) for _, p in trainable]
+        self._hooks: List[object] = []   # hook handles; _hooked: the ids of their parameters
+        self._hooked: set = set()
+        if self._included:
+            self._register_hooks()
 
     # -- start-up ----------------------------------------------------------------------
-    def _check_consistency(self, trainable, sample_compressor):
+    def _check_consistency(self, named, sample_compressor):
         """Fail on every rank, with the difference named, if ranks disagree on set-up."""
-        mine = {"collective_prefix": self._prefix, "controller": self.controller.config(),
+        mine = {"collective_prefix": self._prefix, "controller": self._controller.config(),
                 "momentum_correction": self._memory.momentum, "local_clip_norm": self.local_clip_norm,
                 "compressor": repr(sample_compressor),
                 "backward_passes_per_step": self.backward_passes_per_step,
-                "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in trainable]}
-        everyone = comm.allgather_object(mine, name="gravac.consistency", timeout=self._timeout)
+                "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in named]}
+        mine.update({"op": int(self.op), "gradient_predivide_factor": self.gradient_predivide_factor,
+                     "compression": getattr(self._wire, "__name__", type(self._wire).__name__),
+                     "sparse_as_dense": self.sparse_as_dense, "nonfinite": self._nonfinite_policy,
+                     "grad_scaler": self._grad_scaler is not None,
+                     "buckets": [b.names for b in self._buckets]})
+        everyone = comm.allgather_object(mine, name=f"{self._prefix}.consistency", timeout=self._timeout,
+                                         process_set=self.process_set)
         for r, theirs in enumerate(everyone):
             for key in mine:
-                if theirs[key] != everyone[0][key]:
-                    hint = (" Every rank must build its DistributedOptimizers in the same order."
-                            if key == "collective_prefix" else "")
+                if theirs.get(key) != everyone[0].get(key):
+                    hint = {"collective_prefix": " Every rank must build its DistributedOptimizers in the same order.",
+                            "buckets": " Pass the same bucket_cap_mb and groups on every rank."}.get(key, "")
                     raise ValueError(
                         f"horovod_gravac: rank {r} differs from rank 0 in '{key}': "
-                        f"{_short(theirs[key])} vs {_short(everyone[0][key])}. All ranks must "
+                        f"{_short(theirs.get(key))} vs {_short(everyone[0].get(key))}. All ranks must "
                         f"use the same model, compressor and controller settings.{hint}")
+
+    def _register_hooks(self) -> None:
+        """A post-accumulate hook on every parameter that requires a gradient and has none
+        yet (called again after each step, so a layer unfrozen later joins in)."""
+        params = [p for b in self._buckets for p in b.params] + list(self._sparse)
+        for p in params:
+            if p.requires_grad and id(p) not in self._hooked:
+                self._hooked.add(id(p))
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+
+    def add_param_group(self, param_group):
+        """As ``torch.optim.Optimizer.add_param_group``; the new parameters get buckets
+        and hooks of their own (every rank must add the same groups in the same order)."""
+        super(self.__class__, self).add_param_group(param_group)
+        if "_buckets" not in self.__dict__:   # called by the base __init__: set up there
+            return
+        index = len(self.param_groups) - 1
+        named = [(self._names.get(id(p), f"param.{index}.{j}"), p)
+                 for j, p in enumerate(self.param_groups[-1]["params"])]
+        _check_float(named)
+        floats = [(n, p) for n, p in named if p.dtype in FLOAT_DTYPES]
+        new = _make_buckets(floats, self._bucket_cap_bytes, first_index=self._next_bucket_index())
+        self._buckets = new + self._buckets   # launched early; the carrier stays last
+        for b in new:
+            for p in b.params:
+                self._bucket_of[p] = b
+                self._delay[p] = self.backward_passes_per_step
+        if self._included:
+            self._register_hooks()
+
+    def _next_bucket_index(self) -> int:
+        return 1 + max((b.index for b in self._buckets), default=-1)
 
     # -- compressors ---------------------------------------------------------------------
     def _compressor(self, cf: float) -> SparseCompressor:
@@ -196,15 +302,38 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before "
                     "call to step(). Increase backward_passes_per_step to accumulate gradients locally.")
-            if self._step_start is None:
-                self._step_start = time.perf_counter()
+            if not self._step_open:
+                self._begin_step()
             self._delay[p] -= 1
             if self._delay[p] == 0:
+                if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
+                    self._launch_sparse(p)
+                    return
                 bucket = self._bucket_of[p]
                 bucket.ready += 1
-                if bucket.ready == len(bucket.params):
+                if bucket.ready >= bucket.expected and bucket.kind is None:
                     self._launch(bucket)
         return hook
+
+    def _begin_step(self) -> None:
+        """First hook (or ``synchronize``) of a step: collect the decision, take rank 0's
+        state once, and count which hooks this step's buckets wait for."""
+        self._step_open = True
+        if self._step_start is None:
+            self._step_start = time.perf_counter()
+        if self._exchange is not None:
+            self._exchange.finish()   # the previous step's broadcast decides this step
+        if not self._state_synced:
+            self._state_synced = True
+            if self._world > 1 and self._exchange is not None:
+                self._step_index = self._exchange.sync_state(self._step_index, f"{self._prefix}.state")
+            elif self._world > 1 and self._shared_seed and not isinstance(self._controller, Dense):
+                self._step_index = sync_step_index(self._step_index, f"{self._prefix}.state",
+                                                   self._timeout, self.process_set)
+        scaler = self._grad_scaler
+        self._scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+        for b in self._buckets:
+            b.expected = sum(1 for p in b.params if p.requires_grad and id(p) in self._hooked)
 
     def _reset_step_counters(self):
         self._norms = torch.zeros(3, dtype=torch.float64)   # ||g_ef||^2, ||g_min||^2, ||g_c||^2
@@ -218,64 +347,178 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._control_bytes = 0            # statistics carried for the controller
         self._step_stats: Optional[List[float]] = None   # rank-averaged, from the carrier bucket
         self._at_boundary = False          # Accordion: this step ends an interval
+        self._step_open = False            # a hook of this step has run
+
+    # -- sparse gradients (nn.Embedding(sparse=True)) --------------------------------------
+    def _launch_sparse(self, p) -> None:
+        """Send a sparse gradient as Horovod does: allgather its indices and values."""
+        info = self._sparse.get(p)
+        if info is None:   # first sparse gradient of p: it leaves its bucket for good
+            info = self._sparse[p] = self._detach_sparse(p)
+        grad = p.grad   # not coalesced, as Horovod: the same sums in the same order
+        name = f"{self._prefix}.sparse.{info['name']}"
+        info["handles"] = (
+            comm.allgather_async(grad._indices().transpose(0, 1).contiguous(), name + ".indices", self.process_set),
+            comm.allgather_async(grad._values(), name + ".values", self.process_set))
+        info["layout"] = grad
+        self._bytes_sent += grad._values().numel() * grad._values().element_size() \
+            + grad._indices().numel() * 8
+        self._floats_sent += grad._values().numel()
+
+    def _detach_sparse(self, p) -> dict:
+        bucket = self._bucket_of.pop(p)
+        name = bucket.names[[i for i, q in enumerate(bucket.params) if q is p][0]]
+        old = self._memory.residuals.get(bucket.index)
+        start, end = bucket.remove(p)
+        if old is not None:   # keep the other parameters' residuals
+            self._memory.residuals[bucket.index] = torch.cat([old[:start], old[end:]])
+            self._memory.velocities.pop(bucket.index, None)
+        bucket.expected = sum(1 for q in bucket.params if q.requires_grad and id(q) in self._hooked)
+        if not bucket.params:
+            self._buckets.remove(bucket)
+            if self._carrier is bucket:
+                self._carrier = self._buckets[-1] if self._buckets else None
+        elif bucket.ready >= bucket.expected and bucket.kind is None and bucket.ready > 0:
+            self._launch(bucket)
+        return {"name": name, "handles": None, "layout": None}
+
+    def _finish_sparse(self, p, info) -> None:
+        if info["handles"] is None:   # no gradient here this step: send an empty one
+            if info["layout"] is None:
+                return
+            t = info["layout"]
+            p.grad = torch.sparse_coo_tensor(t._indices()[:, :0], t._values()[:0], t.size())
+            self._launch_sparse(p)
+        h_idx, h_val = info["handles"]
+        name = f"{self._prefix}.sparse.{info['name']}"
+        values = comm.wait(h_val, name + ".values", self._timeout)
+        indices = comm.wait(h_idx, name + ".indices", self._timeout)
+        values = values / self._world if self.op == hvd.Average else values
+        grad = p.grad
+        aggregated = grad.new(indices.transpose(0, 1), values, grad.size()) \
+            if indices.dim() and values.dim() else grad.new().resize_as_(grad)
+        p.grad.zero_().add_(aggregated)
+        info["handles"] = None
+        self._delay[p] = self.backward_passes_per_step
+
+    # -- launching a bucket ----------------------------------------------------------------
+    def _bucket_grads(self, bucket) -> List[Optional[torch.Tensor]]:
+        """This step's gradient of each parameter of the bucket; None for a frozen one
+        (``requires_grad`` False: it takes no part, its residual waits)."""
+        grads = []
+        for p in bucket.params:
+            if not p.requires_grad:
+                grads.append(None)
+                continue
+            if p.grad is None:   # unused this step here, maybe used on another rank
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad.to_dense() if p.grad.is_sparse else p.grad)
+        return grads
 
     def _launch(self, bucket: _Bucket) -> None:
         """Error feedback, compression and the start of this bucket's collective."""
         t0 = time.perf_counter()
-        self._await_consensus()   # the previous step's exchange decides this step
-        decision = self.controller.decision
-        for p in bucket.params:
-            if p.grad is None:   # unused this step here, maybe used on another rank
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in bucket.params]
-        grad_sq = _squared_norm(grads)   # one host sync per bucket; doubles as the NaN/Inf check
-        finite = grad_sq == grad_sq and grad_sq != float("inf")
+        if not self._step_open:
+            self._begin_step()
+        decision = self._controller.decision
+        grads = self._bucket_grads(bucket)
+        grad_sq = _squared_norm([g for g in grads if g is not None])   # NaN/Inf if not sendable
+        finite = math.isfinite(grad_sq)
+        scale = self._scale
         if finite and self.local_clip_norm is not None:
             # DGC's local clipping: each rank clips to clip_norm / sqrt(N), per bucket
             # (the whole-model norm is not known while buckets are still arriving).
-            limit = self.local_clip_norm / self._world ** 0.5
+            limit = self.local_clip_norm / self._world ** 0.5 * scale
             if grad_sq > limit * limit:
-                scale = limit / grad_sq ** 0.5
+                factor = limit / grad_sq ** 0.5
                 for g in grads:
-                    g.mul_(scale)
+                    if g is not None:
+                        g.mul_(factor)
                 grad_sq = limit * limit
+        g_ef = None
+        if finite:
+            if self._grad_scaler is not None:
+                self._memory.snapshot(bucket.index)
+            g_ef = self._memory.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale)
+            if self._grad_scaler is not None and not _finite(g_ef):
+                # residual * scale + g overflowed float32: drop this step's residual change
+                self._memory.restore(bucket.index)
+                g_ef, finite = None, False
         if finite:
             self._grad_sq += grad_sq
-            if self.controller.needs_accumulation:
-                if bucket.accumulated is None:
-                    bucket.accumulated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
-                for g, (s, e) in zip(grads, bucket.offsets):
-                    bucket.accumulated[s:e].add_(g.reshape(-1))
-            g_ef = self._memory.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device)
+            if self._controller.needs_accumulation:
+                self._accumulate(bucket, grads, scale)
+            self._park_frozen(bucket, g_ef)
+            bucket.update_residual = True
+            self._compress_and_start(bucket, g_ef, decision, measure=True)
         else:
-            # Contribute zeros through the very same collective; leave the residual alone.
             self._nonfinite += 1
             bucket.launched_finite = False
-            g_ef = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
-        self._compress_and_start(bucket, g_ef, decision, update_residual=finite)
+            self._start_nonfinite(bucket, grads, decision)
         self._launched += 1
         carrier = self._carrier
-        if self._launched == len(self._buckets) and carrier.start is not None:
+        if self._launched == len(self._buckets) and carrier is not None and carrier.start is not None:
             carrier.handle, carrier.start = carrier.start(self._local_stats()), None
         self._compress_time += time.perf_counter() - t0
+
+    def _accumulate(self, bucket, grads, scale) -> None:
+        """Accordion's running sum of raw gradients (unscaled)."""
+        if bucket.accumulated is None:
+            bucket.accumulated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
+        if self._grad_scaler is not None:
+            if bucket.accumulated_backup is None:
+                bucket.accumulated_backup = torch.empty_like(bucket.accumulated)
+            bucket.accumulated_backup.copy_(bucket.accumulated)
+        for g, (s, e) in zip(grads, bucket.offsets):
+            if g is not None:
+                bucket.accumulated[s:e].add_(g.reshape(-1), alpha=1.0 / scale)
+
+    def _park_frozen(self, bucket, g_ef) -> None:
+        """A frozen parameter's residual is neither sent nor lost: set aside for the step."""
+        for p, (s, e) in zip(bucket.params, bucket.offsets):
+            if not p.requires_grad:
+                bucket.parked.append((s, e, g_ef[s:e].clone()))
+                g_ef[s:e].zero_()
+
+    def _start_nonfinite(self, bucket, grads, decision) -> None:
+        """This rank's bucket holds NaN/Inf (or does not fit float32).  ``propagate``:
+        send it so every rank receives a non-finite bucket (as plain Horovod does);
+        ``zero``: contribute zeros through the very same collective."""
+        zeros = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
+        if self._nonfinite_policy == "zero":
+            self._compress_and_start(bucket, zeros, decision, measure=False)
+            return
+        if decision.candidate_cf == DENSE or decision.send_cf == DENSE:
+            flat = zeros
+            for g, (s, e) in zip(grads, bucket.offsets):
+                if g is not None:
+                    flat[s:e].copy_(g.reshape(-1))   # float64 beyond float32's range -> inf
+            if _finite(flat):   # the overflow was in residual * scale + g: signal it
+                flat[0] = float("nan")
+            bucket.with_stats = self._carries_stats(bucket)
+            self._start_dense(bucket, flat, self._bucket_name(bucket))
+            return
+        self._compress_and_start(bucket, zeros, decision, measure=False, poison=True)
 
     def _hold_or_start(self, bucket, start: Callable) -> None:
         """Start the bucket's collective: ``start(stats)`` returns its handle (``stats``:
         None, or the float64 statistics to carry).  With an adaptive controller the
         carrier bucket's collective also carries the step's statistics, complete only
         once every bucket is compressed, so it waits for that."""
-        if self._carries_stats(bucket):
+        if bucket.with_stats:
             bucket.start = start
         else:
             bucket.handle = start(None)
 
     def _carries_stats(self, bucket) -> bool:
+        """Decided when the bucket launches (the carrier can change mid-step when a
+        gradient turns out sparse) and kept in ``bucket.with_stats`` until it is read."""
         return bucket is self._carrier and self._controller.needs_consensus
 
     def _local_stats(self) -> torch.Tensor:
         """This rank's statistics of the step, sent with the carrier bucket: squared norms
         of g_ef, g_min and g_c, of the raw gradient, Accordion's interval sum (at an
-        interval's end, else 0) and whether any bucket was NaN/Inf."""
+        interval's end, else 0) and whether any bucket was NaN/Inf (all unscaled)."""
         ctrl = self._controller
         interval = getattr(ctrl, "interval", None)
         self._at_boundary = interval is not None and (ctrl.step + 1) % interval == 0
@@ -286,28 +529,41 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             for b in self._buckets:
                 if b.accumulated is not None:
                     b.accumulated.zero_()
+        s2 = self._scale * self._scale
         n = self._norms
-        return torch.tensor([float(n[0]), float(n[1]), float(n[2]), self._grad_sq, acc_sq,
-                             float(self._nonfinite > 0)], dtype=torch.float64)
+        return torch.tensor([float(n[0]) / s2, float(n[1]) / s2, float(n[2]) / s2, self._grad_sq / s2,
+                             acc_sq, float(self._nonfinite > 0)], dtype=torch.float64)
+
+    def _scale_factors(self) -> Tuple[float, float]:
+        """Horovod's pre/postscale for ``gradient_predivide_factor`` (Average only)."""
+        if self.op == hvd.Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
 
     def _allreduce_start(self, tensor, name):
-        """``start`` of an in-place average, or of a copy with the statistics appended."""
+        """``start`` of an in-place allreduce, or of a copy with the statistics appended."""
+        pre, post = self._scale_factors()
+
         def start(stats):
             if stats is None:
-                return comm.allreduce_mean_async(tensor, name)
-            self._control_bytes += 4 * _N_STATS
-            return comm.allreduce_mean_async(comm.with_stats(tensor, stats), name)
+                return comm.allreduce_async(tensor, name, self.op, pre, post, self.process_set)
+            self._control_bytes += 4 * N_STATS
+            return comm.allreduce_async(comm.with_stats(tensor, stats), name, self.op, pre, post,
+                                        self.process_set)
         return start
 
-    def _compress_and_start(self, bucket, g_ef, decision: Decision, update_residual: bool) -> None:
+    def _compress_and_start(self, bucket, g_ef, decision: Decision, measure: bool, poison: bool = False) -> None:
         name = self._bucket_name(bucket)
+        bucket.with_stats = self._carries_stats(bucket)
         if decision.candidate_cf == DENSE:   # nothing to compress or measure: plain allreduce
             self._start_dense(bucket, g_ef, name)
             return
         # theta_min == 1 keeps everything: the candidate then comes from g_ef directly.
         comp_min = self._compressor(decision.theta_min if decision.theta_min > DENSE else decision.candidate_cf)
         if getattr(comp_min, "low_rank", False):
-            self._start_lowrank(bucket, g_ef, comp_min, name, update_residual)
+            if poison:
+                g_ef = torch.full_like(g_ef, float("nan"))
+            self._start_lowrank(bucket, g_ef, comp_min, name)
             return
         self._set_step(comp_min, bucket)
         payload_min, ctx = comp_min.compress(g_ef)
@@ -316,20 +572,25 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             payload_min = None
         elif decision.candidate_cf > decision.theta_min:   # multi-level: from g_min, not g_ef
             payload_c = comp_min.compress_further(payload_min, ctx, decision.candidate_cf / decision.theta_min)
-        if self.controller.needs_consensus and update_residual:
-            ef_sq = g_ef.dot(g_ef)
-            min_sq = ef_sq if payload_min is None else payload_min.values.dot(payload_min.values)
-            c_sq = min_sq if payload_c is payload_min else payload_c.values.dot(payload_c.values)
+        if self._controller.needs_consensus and measure:
+            ef_sq = g_ef.double().dot(g_ef.double()) if g_ef.numel() < 2 ** 16 else \
+                torch.linalg.vector_norm(g_ef, dtype=torch.float64) ** 2
+            min_sq = ef_sq if payload_min is None else _sq(payload_min.values)
+            c_sq = min_sq if payload_c is payload_min else _sq(payload_c.values)
             self._norms += torch.stack([ef_sq, min_sq, c_sq]).double().cpu()
         quality = getattr(comp_min, "last_quality", None)
-        if quality is not None:
+        if quality is not None and measure:
             self._quality.append(float(quality))
         if decision.send_cf == DENSE:
+            if poison:
+                g_ef[0] = float("nan")
             self._start_dense(bucket, g_ef, name)
             return
         payload = payload_c if decision.send_cf == decision.candidate_cf else payload_min
-        if update_residual:
-            self._memory.sent_sparse(bucket.index, payload.indices)
+        if poison:   # every rank's sum must come out non-finite
+            payload = _poisoned(payload, comp_min.shared_indices, bucket.device)
+        if bucket.update_residual:
+            bucket.sent_indices = payload.indices
         self._start_sparse(bucket, payload, comp_min.shared_indices, name)
 
     def _bucket_name(self, bucket) -> str:
@@ -341,11 +602,15 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     def _start_dense(self, bucket, flat, name):
         bucket.kind = "dense"
-        self._hold_or_start(bucket, self._allreduce_start(flat, name))
-        self._bytes_sent += flat.numel() * 4
+        if bucket.with_stats:   # statistics travel as float32 with the bucket
+            wire = flat
+        else:
+            wire, bucket.wire_ctx = self._wire.compress(flat)
+        self._hold_or_start(bucket, self._allreduce_start(wire, name))
+        self._bytes_sent += wire.numel() * wire.element_size()
         self._floats_sent += flat.numel()
 
-    def _start_lowrank(self, bucket, g_ef, comp, name, update_residual):
+    def _start_lowrank(self, bucket, g_ef, comp, name):
         """PowerSGD phase 1: P = M Q for every matrix (vectors travel as they are),
         all in one allreduce.  Phase 2 (Q) runs in ``synchronize``."""
         parts, plan = [], []
@@ -364,10 +629,20 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 plan.append((s, e, None, None, None, None))
         buf = torch.cat(parts)
         bucket.kind = "lowrank"
-        bucket.lowrank = {"plan": plan, "g_ef": g_ef, "update_residual": update_residual, "name": name}
-        self._hold_or_start(bucket, self._allreduce_start(buf, name + ".P"))
+        bucket.lowrank = {"plan": plan, "g_ef": g_ef, "name": name}
+        self._hold_or_start(bucket, self._mean_start(buf, name + ".P"))
         self._bytes_sent += 4 * buf.numel()
         self._floats_sent += buf.numel()
+
+    def _mean_start(self, tensor, name):
+        """Like ``_allreduce_start`` but always an average (PowerSGD's phases need it)."""
+        def start(stats):
+            if stats is None:
+                return comm.allreduce_async(tensor, name, hvd.Average, process_set=self.process_set)
+            self._control_bytes += 4 * N_STATS
+            return comm.allreduce_async(comm.with_stats(tensor, stats), name, hvd.Average,
+                                        process_set=self.process_set)
+        return start
 
     def _lowrank_phase2(self, bucket):
         """Orthonormalize the averaged P, Q = M^T P, and start the Q allreduce."""
@@ -390,7 +665,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             qbuf = torch.cat(q_parts)
             self._bytes_sent += 4 * qbuf.numel()
             self._floats_sent += qbuf.numel()
-            bucket.handle = comm.allreduce_mean_async(qbuf, state["name"] + ".Q")
+            bucket.handle = comm.allreduce_async(qbuf, state["name"] + ".Q", hvd.Average,
+                                                 process_set=self.process_set)
         else:
             bucket.handle = None
 
@@ -398,19 +674,22 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         state = bucket.lowrank
         q_all = comm.wait(bucket.handle, state["name"] + ".Q", self._timeout) if bucket.handle is not None else None
         aggregated, g_ef, ofs = state["aggregated"], state["g_ef"], 0
+        update = bucket.update_residual
         for (s, e, n, m, r, key), p in zip(state["plan"], state["p"]):
             if n is None:
-                if state["update_residual"]:
+                if update:
                     g_ef[s:e].zero_()           # sent exactly
                 continue
             q = q_all[ofs:ofs + m * r].view(m, r)
             ofs += m * r
             approx = (p @ q.t()).reshape(-1)
             aggregated[s:e] = approx
-            if state["update_residual"]:
+            if update:
                 g_ef[s:e].sub_(approx)          # error feedback: what the rank-r sum missed
                 self._lowrank_q[key] = q.clone()   # warm start (identical on every rank)
         bucket.lowrank = None
+        if self.op == hvd.Sum:
+            aggregated.mul_(self._world)
         return aggregated
 
     def _start_sparse(self, bucket, payload, shared_indices, name):
@@ -422,10 +701,14 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             self._floats_sent += k
         else:
             bucket.kind = "sparse"
+            pre, _ = self._scale_factors()
+            if pre != 1.0:
+                payload = SparsePayload(payload.values * pre, payload.indices)
+
             def start(stats):
                 if stats is not None:
-                    self._control_bytes += 8 * comm.header_rows(_N_STATS)
-                return comm.allgather_async(comm.pack(payload, stats, bucket.numel), name)
+                    self._control_bytes += 8 * comm.header_rows(N_STATS)
+                return comm.allgather_async(comm.pack(payload, stats, bucket.numel), name, self.process_set)
             self._hold_or_start(bucket, start)
             self._bytes_sent += 8 * k
             self._floats_sent += 2 * k
@@ -433,158 +716,167 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     # -- synchronize -------------------------------------------------------------------------
     def synchronize(self):
         """Finish every bucket's communication and write averaged gradients to ``p.grad``."""
-        if self._step_start is None:
-            self._step_start = time.perf_counter()
-        for bucket in self._buckets:   # buckets whose hooks did not all fire (unused params)
+        if not self._included:   # not in this optimizer's process set: nothing to exchange
+            self._synchronized = True
+            return
+        if not self._step_open:
+            self._begin_step()
+        for bucket in list(self._buckets):   # buckets whose hooks did not all fire (unused params)
             if bucket.kind is None:
                 self._launch(bucket)
         t_comm = time.perf_counter()
         for bucket in self._buckets:
             if bucket.kind == "lowrank":
                 self._lowrank_phase2(bucket)
+        aggregates = []
         for bucket in self._buckets:
-            if bucket.kind == "lowrank":
-                aggregated = self._lowrank_finish(bucket)
-            elif bucket.kind == "sparse":
-                out = self._wait_bucket(bucket)
-                aggregated = comm.unpack_sum(out, bucket.numel).div_(self._world)
-            elif bucket.kind == "shared":
-                out = self._wait_bucket(bucket)
-                aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
-                aggregated.index_copy_(0, bucket.payload.indices.long(), out)
-            else:
-                aggregated = self._wait_bucket(bucket)
+            aggregated = self._aggregate(bucket)
+            aggregates.append(aggregated)
             for p, (s, e) in zip(bucket.params, bucket.offsets):
-                p.grad.copy_(aggregated[s:e].view_as(p.grad))
-            if bucket.kind == "dense" and bucket.launched_finite and bucket.index in self._memory.residuals:
-                self._memory.sent_dense(bucket.index)
+                if not p.requires_grad:
+                    continue   # frozen: its gradient (None, or the user's) is left alone
+                if p.grad.is_sparse:   # sparse_as_dense: back to sparse, as Horovod does
+                    p.grad.zero_().add_(aggregated[s:e].view(p.shape).to(p.grad.dtype).to_sparse())
+                else:
+                    p.grad.copy_(aggregated[s:e].view_as(p.grad))
+        for p, info in self._sparse.items():
+            if p.requires_grad:
+                self._finish_sparse(p, info)
+                aggregates.append(p.grad._values())
+        # With a loss scaler, a step that is non-finite anywhere is skipped by every rank:
+        # leave every piece of state as if it had not happened.
+        skipped = self._grad_scaler is not None and not all(_finite(a) for a in aggregates)
+        for bucket in self._buckets:
+            self._commit_residual(bucket, rollback=skipped)
             bucket.reset()
         comm_time = time.perf_counter() - t_comm
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
-        self._finish_step(comm_time)
+        self._finish_step(comm_time, skipped)
+        self._register_hooks()   # parameters unfrozen since the last step
         self._synchronized = True
+
+    def _aggregate(self, bucket) -> torch.Tensor:
+        """The bucket's combined gradient (flat float32), as ``op`` asks."""
+        if bucket.kind == "lowrank":
+            return self._lowrank_finish(bucket)
+        if bucket.kind == "sparse":
+            out = self._wait_bucket(bucket)
+            total = comm.unpack_sum(out, bucket.numel)
+            if self.op != hvd.Average:
+                return total
+            f = self.gradient_predivide_factor
+            return total.div_(self._world) if f == 1.0 else total.mul_(f / self._world)
+        if bucket.kind == "shared":
+            out = self._wait_bucket(bucket)
+            aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
+            aggregated.index_copy_(0, bucket.payload.indices.long(), out)
+            return aggregated
+        out = self._wait_bucket(bucket)
+        if not bucket.with_stats:
+            out = self._wire.decompress(out, bucket.wire_ctx)
+        return out.float()
+
+    def _commit_residual(self, bucket, rollback: bool) -> None:
+        """residual = g_ef - sent, once the step's collectives are done (or, for a step
+        every rank skips, the residual from before the step)."""
+        key = bucket.index
+        if not bucket.update_residual or key not in self._memory.residuals:
+            return
+        if rollback:
+            self._memory.restore(key)
+            if bucket.accumulated_backup is not None:
+                bucket.accumulated.copy_(bucket.accumulated_backup)
+            return
+        if bucket.kind == "dense":
+            self._memory.sent_dense(key)
+        elif bucket.sent_indices is not None:
+            self._memory.sent_sparse(key, bucket.sent_indices)
+        self._memory.unscale(key, self._scale)
+        buf = self._memory.residuals[key]
+        for s, e, saved in bucket.parked:
+            buf[s:e].copy_(saved)
 
     def _wait_bucket(self, bucket, name: Optional[str] = None) -> torch.Tensor:
         """The bucket's collective result; the carrier's statistics go to ``_step_stats``."""
         out = comm.wait(bucket.handle, name or self._bucket_name(bucket), self._timeout)
-        if self._carries_stats(bucket):
+        if bucket.with_stats:
             if bucket.kind == "sparse":
-                stats = comm.read_header_stats(out, self._world, _N_STATS)
+                stats = comm.read_header_stats(out, self._world, N_STATS)
             else:
-                out, stats = comm.split_stats(out, _N_STATS)
+                out, stats = comm.split_stats(out, N_STATS)
+                if self.op == hvd.Sum and bucket.kind != "lowrank":
+                    stats = stats / self._world
             self._step_stats = stats.tolist()
         return out
 
-    def _finish_step(self, comm_time: float):
-        self._await_consensus()   # normally done by the first bucket; not if there is none
+    def _finish_step(self, comm_time: float, skipped: bool = False):
+        if self._exchange is not None:
+            self._exchange.finish()   # normally done by the first bucket; not if there is none
         now = time.perf_counter()
         step_time = now - self._step_start
-        decision = self.controller.decision
-        ctrl = self.controller
+        ctrl = self._controller
+        decision = ctrl.decision
         stats = {"step": self._step_index, "cf": decision.send_cf, "level": decision.level,
                  "theta_min": decision.theta_min, "candidate_cf": decision.candidate_cf,
                  "bytes_sent": self._bytes_sent, "control_bytes": self._control_bytes,
                  "floats_sent": self._floats_sent,
                  "dense_floats": sum(b.numel for b in self._buckets),
                  "step_time": step_time, "compress_time": self._compress_time, "comm_time": comm_time,
-                 "nonfinite_buckets": self._nonfinite,
+                 "nonfinite_buckets": self._nonfinite, "skipped": skipped,
                  "quality": sum(self._quality) / len(self._quality) if self._quality else None}
-        if ctrl.needs_consensus:
-            # No bucket at all (nothing trainable): every rank's statistics are zero.
-            step_stats = self._step_stats if self._step_stats is not None else [0.0] * _N_STATS
-            stats.update(dict.fromkeys(_CONSENSUS_STATS))   # filled in by the exchange
-            if self.overlap_consensus:
-                if self._consensus_thread is None:
-                    self._consensus_thread = concurrent.futures.ThreadPoolExecutor(
-                        max_workers=1, thread_name_prefix="gravac-consensus")
-                # Overlapped with the next forward/backward: poll gently (each poll takes the GIL).
-                self._pending = (self._consensus_thread.submit(
-                    self._exchange, step_stats, step_time, self._at_boundary, _CONSENSUS_POLL_S), stats)
-            else:
-                stats.update(self._exchange(step_stats, step_time, self._at_boundary))
-        else:
+        if self._exchange is not None:
+            # No statistics arrived (no bucket, or the carrier changed mid-step because a
+            # gradient turned out sparse): the step is not observed, on every rank alike.
+            observed = not skipped and self._step_stats is not None
+            step_stats = self._step_stats if self._step_stats is not None else [0.0] * N_STATS
+            stats.update(dict.fromkeys(CONSENSUS_STATS))   # filled in by the exchange
+            self._exchange.start(step_stats, step_time, self._world, self._at_boundary,
+                                 observe=observed, stats=stats)
+            if not self.overlap_consensus:
+                self._exchange.finish()
+        elif not skipped:
             ctrl.observe(StepObservation(0.0, 0.0, 0.0, step_time))
         self._stats = stats
-        self._step_index += 1
+        if not skipped:
+            self._step_index += 1
         self._step_start = time.perf_counter()
         self._reset_step_counters()
 
-    # -- consensus -----------------------------------------------------------------------------
-    def _exchange(self, step_stats: List[float], step_time: float, at_boundary: bool,
-                  min_sleep: float = comm.POLL_MIN_SLEEP_S) -> dict:
-        """Decide the next step on rank 0 and give every rank its decision and observation.
-
-        ``step_stats`` are already averaged over ranks (they came with the carrier
-        bucket).  Rank 0 observes them with its own step time, decides, and broadcasts
-        (decision, step time); every other rank observes the very same numbers, so all
-        controllers keep identical state, and adopts rank 0's decision.  Runs on the
-        consensus thread (or inline); nothing else touches the controller until
-        ``_await_consensus`` has collected the result."""
-        ctrl = self._controller   # not the property: that would wait for this very exchange
-        name = f"{self._prefix}.decision"
-
-        def observe(seconds):
-            return ctrl.observe(StepObservation(
-                ef_sq=step_stats[0], min_sq=step_stats[1], candidate_sq=step_stats[2],
-                step_time=seconds, samples=float(self._world), grad_sq=step_stats[3],
-                accumulated_sq=step_stats[4] if at_boundary else None,
-                # Not finite: a rank saw NaN/Inf, or a float32-carried statistic overflowed.
-                finite=step_stats[5] == 0.0 and all(map(math.isfinite, step_stats))))
-
-        if comm.rank() == 0:
-            agreed = observe(step_time)
-            comm.broadcast_object((agreed, step_time), name=name, timeout=self._timeout, min_sleep=min_sleep)
-        else:
-            agreed, step_time = comm.broadcast_object(None, name=name, timeout=self._timeout,
-                                                      min_sleep=min_sleep)
-            mine = observe(step_time)
-            if agreed != mine:
-                warnings.warn(f"horovod_gravac: rank {comm.rank()} decided {mine} but rank 0 "
-                              f"decided {agreed}; following rank 0")
-        ctrl.adopt(agreed)
-        return {"gain_min": getattr(ctrl, "gain_min", None),
-                "gain_candidate": getattr(ctrl, "gain_candidate", None),
-                "system_throughput": ctrl.last.get("system_throughput"),
-                "compression_throughput": ctrl.last.get("compression_throughput"),
-                "next_cf": agreed.send_cf}
-
-    def _await_consensus(self) -> None:
-        """Wait for the exchange still in flight (if any); complete its step's stats.
-        Its errors (e.g. ``CollectiveTimeoutError``) are raised here, once."""
-        if self._pending is None:
-            return
-        future, stats = self._pending
-        self._pending = None
-        stats.update(future.result())
-
     def _drop_consensus(self) -> None:
-        """Let an exchange in flight finish and ignore its outcome (elastic recovery: its
-        collectives may have failed with the world they ran in)."""
-        if self._pending is not None:
-            future, _ = self._pending
-            self._pending = None
-            concurrent.futures.wait([future])
+        """Forget a decision broadcast in flight (elastic recovery: its collective failed
+        with the world it ran in)."""
+        if self._exchange is not None:
+            self._exchange.drop()
 
     @property
     def controller(self) -> Controller:
         """The controller (Dense, StaticCF, GraVAC, Accordion).  Reading it waits for a
-        consensus exchange in flight, so its state is never half-updated."""
-        self._await_consensus()
+        decision broadcast in flight, so its state is never half-updated."""
+        if self._exchange is not None:
+            self._exchange.finish()
         return self._controller
 
     @property
     def stats(self) -> Dict[str, float]:
         """What the last step did (see docs/API_CONTRACT.md).  Reading it waits for that
-        step's consensus exchange if it is still running, so the gains and ``next_cf``
+        step's decision broadcast if it is still running, so the gains and ``next_cf``
         are always filled in."""
-        self._await_consensus()
+        if self._exchange is not None:
+            self._exchange.finish()
         return self._stats
 
     def reset_timer(self) -> None:
         """Start timing the next step now. Call after pauses that are not training
         (evaluation, checkpointing) so they do not count as iteration time."""
         self._step_start = time.perf_counter()
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """As Horovod's: gradients of ``passes`` backward passes are summed locally first."""
+        _check_passes(passes)
+        self.backward_passes_per_step = passes
+        for p in self._delay:
+            self._delay[p] = passes
 
     @contextmanager
     def skip_synchronize(self):
@@ -605,7 +897,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
-        if any(b.handle is not None or b.start is not None for b in self._buckets):
+        if any(b.handle is not None or b.start is not None for b in self._buckets) \
+                or any(info["handles"] is not None for info in self._sparse.values()):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(). This is prohibited "
                                  "as it can cause a race condition.")
@@ -614,19 +907,18 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     # -- state -------------------------------------------------------------------------------
     def gravac_state_dict(self) -> dict:
         """Controller state and residuals (per parameter name, so bucketing may change)."""
-        self._await_consensus()
+        ctrl = self.controller
         residuals = {}
         for b in self._buckets:
             buf = self._memory.residuals.get(b.index)
             if buf is not None:
                 for name, (s, e) in zip(b.names, b.offsets):
                     residuals[name] = buf[s:e].clone()
-        return {"controller": self.controller.state_dict(), "residuals": residuals,
+        return {"controller": ctrl.state_dict(), "residuals": residuals,
                 "step": self._step_index,
                 "lowrank_q": {f"{n}|{r}": q.clone() for (n, r), q in self._lowrank_q.items()}}
 
     def load_gravac_state_dict(self, state: dict) -> None:
-        self._await_consensus()   # a late exchange must not overwrite the loaded controller
         self.controller.load_state_dict(state["controller"])
         self._step_index = int(state["step"])
         self._lowrank_q = {(k.rsplit("|", 1)[0], int(k.rsplit("|", 1)[1])): q.clone()
@@ -651,17 +943,11 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             self.load_gravac_state_dict(gravac)
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
+        self._synchronized = False
+        self._should_synchronize = True
 
     def residual_bytes(self) -> int:
         return self._memory.nbytes()
-
-
-# Statistics per step and rank that ride with the carrier bucket (``_local_stats``).
-_N_STATS = 6
-# Shortest pause between polls of the overlapped decision broadcast (seconds).
-_CONSENSUS_POLL_S = 5e-4
-# Keys of ``stats`` that come from the consensus exchange (None until it completes).
-_CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compression_throughput", "next_cf")
 
 
 _optimizers_built = itertools.count()
@@ -674,12 +960,37 @@ def _collective_prefix() -> str:
 
 
 def _squared_norm(grads) -> float:
-    """Sum of squared L2 norms in float64 (NaN/Inf if any entry is)."""
-    if all(g.dtype in (torch.float32, torch.float64) for g in grads):
-        norms = torch._foreach_norm(grads)
-    else:   # fp16/bf16: norms in fp32 so large gradients do not overflow
-        norms = [g.float().norm() for g in grads]
-    return float(torch.stack([n.double() for n in norms]).pow(2).sum())
+    """Sum of squared L2 norms, accumulated in float64; NaN/Inf if any entry is NaN/Inf
+    or does not fit float32 (the wire and the residual are float32)."""
+    if not grads:
+        return 0.0
+    dense = [g.to_dense() if g.is_sparse else g for g in grads]
+    norms = torch._foreach_norm(dense, 2, dtype=torch.float64)
+    total = float(torch.stack(list(norms)).pow(2).sum())
+    if math.isfinite(total):
+        for g in dense:   # float64 gradients may hold finite values float32 cannot
+            if g.dtype == torch.float64 and g.numel() and float(g.abs().max()) > _FP32_MAX:
+                return math.inf
+    return total
+
+
+def _finite(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t).all()) if t.numel() else True
+
+
+def _sq(values: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(values, dtype=torch.float64) ** 2
+
+
+def _poisoned(payload: SparsePayload, shared_indices: bool, device) -> SparsePayload:
+    """A payload that makes every rank's aggregate non-finite (same size on shared-index
+    paths, where every rank's k must match; at least one entry otherwise)."""
+    if payload.values.numel():
+        return SparsePayload(torch.full_like(payload.values, float("nan")), payload.indices)
+    if shared_indices:
+        return payload
+    return SparsePayload(torch.full((1,), float("nan"), device=device),
+                         torch.zeros(1, dtype=torch.int32, device=device))
 
 
 def _short(x, limit=300):
@@ -687,9 +998,9 @@ def _short(x, limit=300):
     return s if len(s) <= limit else s[:limit] + "..."
 
 
-def _named_parameters(param_groups, named_parameters):
+def _named_list(named_parameters):
     if named_parameters is None:
-        return [(f"param.{i}.{j}", p) for i, g in enumerate(param_groups) for j, p in enumerate(g["params"])]
+        return []
     named = list(named_parameters)
     if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
         raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
@@ -698,6 +1009,12 @@ def _named_parameters(param_groups, named_parameters):
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
         raise ValueError(f"parameter names in named_parameters must be unique; duplicates: {dups}")
+    return named
+
+
+def _named_parameters(param_groups, named):
+    if named is None:
+        return [(f"param.{i}.{j}", p) for i, g in enumerate(param_groups) for j, p in enumerate(g["params"])]
     named_ids = {id(p) for _, p in named}
     missing = [p for g in param_groups for p in g["params"] if id(p) not in named_ids]
     if missing:
@@ -705,6 +1022,30 @@ def _named_parameters(param_groups, named_parameters):
     # Keep the optimizer's order (not the dict order of named_parameters).
     order = {id(p): i for i, p in enumerate(p for g in param_groups for p in g["params"])}
     return sorted(((n, p) for n, p in named if id(p) in order), key=lambda np_: order[id(np_[1])])
+
+
+def _check_float(named) -> None:
+    for name, p in named:
+        if p.requires_grad and p.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"parameter {name!r} has dtype {p.dtype}; only floating-point "
+                             f"parameters can be trained with gradient compression")
+
+
+def _check_passes(passes) -> None:
+    if isinstance(passes, Controller):
+        raise ValueError(f"backward_passes_per_step got a controller ({passes!r}). The 4th positional "
+                         f"argument is Horovod's backward_passes_per_step; pass controller=... as a keyword")
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {passes!r}")
+
+
+def _is_gravac_compressor(obj) -> bool:
+    """A horovod_gravac compressor (class, instance), as opposed to a Horovod one."""
+    if isinstance(obj, type):
+        return issubclass(obj, SparseCompressor) or hasattr(obj, "compress_further") \
+            or getattr(obj, "low_rank", False)
+    return isinstance(obj, SparseCompressor) or hasattr(obj, "compress_further") \
+        or getattr(obj, "low_rank", False)
 
 
 def _compressor_factory(compressor) -> Callable[[float], SparseCompressor]:
@@ -730,45 +1071,144 @@ def _compressor_factory(compressor) -> Callable[[float], SparseCompressor]:
     raise ValueError(f"compressor must be a compressor class, instance or factory, got {compressor!r}")
 
 
-def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compressor=None,
-                         controller: Optional[Controller] = None, backward_passes_per_step: int = 1,
+def _check_groups(groups, num_groups):
+    """Horovod's ``groups`` / deprecated ``num_groups``, validated as Horovod does."""
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+        raise ValueError(f"num_groups must be an integer >= 0, got {num_groups!r}")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    if groups is None:
+        return None
+    if isinstance(groups, bool) or not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+        raise ValueError(f"groups should be a positive integer or a list of lists of torch.Tensor, got {groups!r}")
+    if isinstance(groups, list):
+        seen = set()
+        for group in groups:
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor.")
+                if id(p) in seen:
+                    raise ValueError("A parameter can only appear once in groups.")
+                seen.add(id(p))
+    return groups
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
+                         compression=hvd.Compression.none, backward_passes_per_step: int = 1,
+                         op=hvd.Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups=None, sparse_as_dense: bool = False, process_set=hvd.global_process_set,
+                         *, compressor=None, controller: Optional[Controller] = None,
                          bucket_cap_mb: float = 25.0, check_consistency: bool = True,
                          momentum_correction: Optional[float] = None,
                          local_clip_norm: Optional[float] = None,
-                         timeout_s: Optional[float] = None, overlap_consensus: bool = True):
-    """Wrap ``optimizer`` so gradients are averaged across Horovod ranks with adaptive
-    (GraVAC), static or no compression.
+                         timeout_s: Optional[float] = None, overlap_consensus: bool = True,
+                         nonfinite: str = "propagate", grad_scaler=None):
+    """Wrap ``optimizer`` so gradients are combined across Horovod ranks with adaptive
+    (GraVAC), static or no compression.  The first ten arguments are
+    ``hvd.DistributedOptimizer``'s, in its order and with its meaning; the rest are
+    keyword-only.
 
     Args:
         optimizer: any ``torch.optim.Optimizer``.
         named_parameters: ``model.named_parameters()`` (names are used for checkpoints
             and the start-up consistency check).
+        compression: Horovod's wire compression of dense allreduces
+            (``hvd.Compression.none`` or ``hvd.Compression.fp16``; sparse payloads always
+            travel as float32 values with int32 indices).  A horovod_gravac compressor
+            given here is taken as ``compressor`` (and, without a controller, as
+            ``StaticCF(its cf)``).
+        backward_passes_per_step: local gradient accumulation steps, as in Horovod.
+        op: ``hvd.Average`` (default) or ``hvd.Sum``.  ``hvd.Adasum`` is not supported.
+        gradient_predivide_factor: with ``op=hvd.Average``, gradients are scaled by
+            ``1 / factor`` before the sum and ``factor / size`` after it, as in Horovod.
+        num_groups: deprecated alias of ``groups`` (as in Horovod).
+        groups: an int splits the parameters into that many buckets; a list of lists of
+            parameters makes each list one bucket (one collective each).
+        sparse_as_dense: send sparse gradients (``nn.Embedding(sparse=True)``) densely,
+            with compression; otherwise they are allgathered as Horovod does, uncompressed.
+        process_set: only this Horovod process set's ranks take part (others step locally).
         compressor: a compressor class such as ``TopKCompressor`` (default), an instance
             whose settings are reused at every CF, or a callable ``cf -> compressor``.
         controller: ``Dense()`` (default), ``StaticCF(cf)``, ``GraVAC(...)`` or ``Accordion(...)``.
-        backward_passes_per_step: local gradient accumulation steps, as in Horovod.
         bucket_cap_mb: gradients are flattened into buckets of at most this size; each
             bucket is compressed and communicated with one collective.
         check_consistency: verify at start-up that all ranks agree on the model, the
             compressor and the controller (one collective), failing on every rank if not.
-        momentum_correction: DGC's momentum correction with this momentum (e.g. 0.9):
-            velocity is accumulated into the residual and masked where sent. Wrap a
-            momentum-free optimizer when using it. Off by default.
+        momentum_correction: DGC's momentum correction with this momentum (e.g. 0.9).
+            Wrap a momentum-free optimizer when using it. Off by default.
         local_clip_norm: DGC's local gradient clipping: each rank clips each bucket's
-            gradient norm to ``local_clip_norm / sqrt(N)`` before error feedback. Off by default.
+            gradient norm to ``local_clip_norm / sqrt(N)`` before error feedback.
         timeout_s: seconds any collective may take before this rank raises
             ``comm.CollectiveTimeoutError`` (a peer died or stalls) instead of hanging.
             ``None``: ``$HOROVOD_GRAVAC_TIMEOUT``, else 600; ``math.inf``: no limit.
-        overlap_consensus: run the per-step consensus exchange of adaptive controllers
-            (GraVAC, Accordion) on a helper thread, overlapped with the next step's
-            forward and backward passes (same decisions; ``False``: synchronously at
-            the end of ``step()``).
+        overlap_consensus: wait for an adaptive controller's decision broadcast at the
+            next step's first bucket (``False``: at the end of ``step()``).
+        nonfinite: ``"propagate"`` (default, as Horovod: NaN/Inf on any rank reaches
+            every rank, so a loss scaler skips the step everywhere) or ``"zero"`` (that
+            rank contributes zeros for the bucket).
+        grad_scaler: the loop's ``torch.amp.GradScaler``: residuals are kept unscaled
+            (results independent of the loss scale) and a skipped step leaves every
+            state as it was.
 
     After each step, ``optimizer.stats`` describes it (see docs/API_CONTRACT.md).
     """
+    if _is_gravac_compressor(compression):
+        if compressor is not None:
+            raise ValueError("compression= is a horovod_gravac compressor and compressor= is given "
+                             "too; pass the compressor once (compressor=...)")
+        compressor, compression = compression, hvd.Compression.none
+        if controller is None:
+            cf = getattr(compressor, "cf", None)
+            controller = StaticCF(cf) if isinstance(cf, (int, float)) and not isinstance(compressor, type) \
+                else Dense()
+    if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+        raise ValueError(f"compression must be a Horovod compressor (hvd.Compression.none or "
+                         f"hvd.Compression.fp16), got {compression!r}")
+    if op == hvd.Adasum:
+        raise ValueError("op=hvd.Adasum is not supported by horovod_gravac.DistributedOptimizer: "
+                         "Adasum combines whole updates, which gradient compression does not "
+                         "send. Use op=hvd.Average or hvd.Sum, or hvd.DistributedOptimizer for Adasum.")
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError(f"op must be hvd.Average or hvd.Sum, got {op!r}")
+    if isinstance(gradient_predivide_factor, bool) or not isinstance(gradient_predivide_factor, (int, float)) \
+            or not 0 < gradient_predivide_factor < math.inf:
+        raise ValueError(f"gradient_predivide_factor must be a finite number > 0, got {gradient_predivide_factor!r}")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    groups = _check_groups(groups, num_groups)
+    if not isinstance(sparse_as_dense, bool):
+        raise ValueError(f"sparse_as_dense must be True or False, got {sparse_as_dense!r}")
+    if not hasattr(process_set, "process_set_id") or process_set.process_set_id is None:
+        raise ValueError(f"process_set must be an initialized Horovod ProcessSet "
+                         f"(hvd.global_process_set or one from hvd.add_process_set), got {process_set!r}")
+    _check_passes(backward_passes_per_step)
     controller = Dense() if controller is None else controller
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_GravacDistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compressor, controller,
-               backward_passes_per_step, bucket_cap_mb, check_consistency,
-               momentum_correction, local_clip_norm, timeout_s, overlap_consensus)
+    if not isinstance(controller, Controller):
+        raise ValueError(f"controller must be a horovod_gravac controller "
+                         f"(Dense, StaticCF, GraVAC, Accordion), got {controller!r}")
+    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
+            or not 0 < bucket_cap_mb < float("inf"):
+        raise ValueError(f"bucket_cap_mb must be a finite number > 0, got {bucket_cap_mb!r}")
+    if not isinstance(overlap_consensus, bool):
+        raise ValueError(f"overlap_consensus must be True or False, got {overlap_consensus!r}")
+    if local_clip_norm is not None and not (isinstance(local_clip_norm, (int, float))
+                                            and not isinstance(local_clip_norm, bool) and local_clip_norm > 0):
+        raise ValueError(f"local_clip_norm must be > 0 or None, got {local_clip_norm!r}")
+    if nonfinite not in NONFINITE_POLICIES:
+        raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+    if grad_scaler is not None and not (callable(getattr(grad_scaler, "get_scale", None))
+                                        and callable(getattr(grad_scaler, "is_enabled", None))):
+        raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {grad_scaler!r}")
+    opts = dict(compression=compression, backward_passes_per_step=backward_passes_per_step, op=op,
+                gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+                sparse_as_dense=sparse_as_dense, process_set=process_set, compressor=compressor,
+                controller=controller, bucket_cap_mb=bucket_cap_mb,
+                check_consistency=check_consistency, momentum_correction=momentum_correction,
+                local_clip_norm=local_clip_norm, timeout_s=timeout_s,
+                overlap_consensus=overlap_consensus, nonfinite=nonfinite, grad_scaler=grad_scaler)
+    attrs = dict(_GravacDistributedOptimizer.__dict__)
+    attrs["__module__"] = _HOROVOD_OPTIMIZER_MODULE   # see the note at its definition
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), attrs)
+    return cls(optimizer.param_groups, named_parameters, opts)

@@ -241,7 +241,8 @@ def test_elastic_state_uses_the_gravac_handler(hvd1):
 
 
 # ============================================================ multi-rank
-RELIABILITY = ["inf_gradient_on_one_rank", "nan_gradient_on_all_ranks", "mismatch_parameter_shape",
+RELIABILITY = ["inf_gradient_on_one_rank", "nan_gradient_on_all_ranks", "nonfinite_propagates_to_every_rank",
+               "mismatch_parameter_shape",
                "mismatch_parameter_names", "mismatch_compressor", "mismatch_gravac_settings",
                "mismatch_backward_passes", "mismatch_randomk_seed", "odd_tensors",
                "bounded_waits_in_normal_training", "elastic_save_restore", "elastic_sync", "elastic_reset_world_size", "elastic_real_reinit"]
@@ -254,6 +255,7 @@ def _passed(proc):
 @pytest.mark.parametrize("np_", [2, 3])
 def test_reliability_checks(np_):
     names = ["all"] if np_ == 2 else ["inf_gradient_on_one_rank", "nan_gradient_on_all_ranks",
+                                      "nonfinite_propagates_to_every_rank",
                                       "mismatch_parameter_shape", "mismatch_compressor", "odd_tensors",
                                       "elastic_sync"]
     proc = run_ranks(np_, CHECKS, *names, timeout=300)

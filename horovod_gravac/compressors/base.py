@@ -41,6 +41,15 @@ class SparsePayload(NamedTuple):
     values: torch.Tensor   # 1-D, float32
     indices: torch.Tensor  # 1-D, int32, unique, into the flattened tensor
 
+    def type(self, *args, **kwargs):
+        # Horovod's allreduce asks its input for .type(): only reached when one of our
+        # compressors was handed to hvd.DistributedOptimizer, which can only allreduce
+        # dense tensors of one shape on every rank.
+        raise TypeError("a horovod_gravac compressor cannot run inside hvd.DistributedOptimizer "
+                        "(its payloads are sparse and differ between ranks). Use "
+                        "horovod_gravac.DistributedOptimizer(optimizer, named_parameters, "
+                        "compression=<the same compressor>) instead.")
+
 
 class SparseContext(NamedTuple):
     """What ``decompress`` needs to rebuild the dense tensor."""

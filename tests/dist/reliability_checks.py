@@ -101,11 +101,12 @@ def _poison_hook(value, when_step, ranks):
 
 
 def _nonfinite_run(value, ranks, controller):
+    """nonfinite="zero": the poisoned rank contributes zeros, training goes on."""
     model = make_model()
     first = next(model.parameters())
     state, hook = _poison_hook(value, 4, ranks)
     handle = first.register_hook(hook)   # runs before accumulation, so the optimizer sees it
-    opt = hg_opt(model, controller=controller)
+    opt = hg_opt(model, controller=controller, nonfinite="zero")
     gains = []
     for step in range(8):
         state["step"] = step
@@ -134,6 +135,37 @@ def check_inf_gradient_on_one_rank():
     for ctrl in (hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3), hg.StaticCF(10)):
         _nonfinite_run(float("inf"), {SIZE - 1}, ctrl)
         _nonfinite_run(float("-inf"), {0}, ctrl)
+
+
+def check_nonfinite_propagates_to_every_rank():
+    """Default policy, as Horovod: a NaN/Inf on one rank reaches every rank's gradient
+    (so a loss scaler skips the step everywhere); residuals and controller stay finite."""
+    for ctrl in (hg.Dense(), hg.StaticCF(10), hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3),
+                 hg.Accordion(2, 16, 0.5, 2)):
+        model = make_model()
+        first = next(model.parameters())
+        state, hook = _poison_hook(float("inf"), 3, {SIZE - 1})
+        handle = first.register_hook(hook)
+        opt = hg_opt(model, controller=ctrl)
+        for step in range(6):
+            state["step"] = step
+            x, y = batch(step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.synchronize()
+            bad = not all(torch.isfinite(p.grad).all() for p in model.parameters())
+            seen = hvd.allgather_object(bad, name=f"propagate.{type(ctrl).__name__}.{step}")
+            assert seen == [step == 3] * SIZE, f"{ctrl}: step {step} non-finite per rank {seen}"
+            if bad:   # skip the step, as GradScaler does
+                continue
+            with opt.skip_synchronize():
+                opt.step()
+        handle.remove()
+        for res in opt._memory.residuals.values():
+            assert torch.isfinite(res).all(), f"{ctrl}: a residual was poisoned"
+        assert torch.isfinite(flat_params(model)).all()
+        assert_identical_across_ranks(flat_params(model), f"propagate.{type(ctrl).__name__}")
+        release(opt)
 
 
 def check_nan_gradient_on_all_ranks():

@@ -1,0 +1,129 @@
+"""Rank consensus: every rank runs the same collectives because every rank follows
+rank 0's decision.
+
+Adaptive controllers (GraVAC, Accordion) decide each step from rank-averaged norms
+(they arrive with the last bucket's collective, identical on every rank) and from
+the step time, which each rank measures for itself.  After each step:
+
+1. rank 0 observes the averaged norms with its own step time and decides;
+2. every rank submits one asynchronous broadcast of a fixed-size float64 vector
+   (rank 0's decision and step time), from the training thread, inside ``step()``;
+3. the next step's first bucket (or anything that reads the controller) waits for
+   it; the other ranks then observe the very same numbers and adopt the decision.
+
+Submitting from the training thread, in program order, matters: Horovod numbers
+every collective a process submits, and a user's unnamed ``hvd.allreduce(loss)``
+after ``step()`` is named after that number.  A collective submitted from a helper
+thread would take a number in a rank-dependent order and the user's collective
+would get different names on different ranks (a hang).
+
+Once per optimizer, before its first bucket, ``sync_state`` broadcasts rank 0's
+controller state and step index, so a checkpoint loaded on rank 0 alone (Horovod's
+resume recipe: rank 0 loads, then ``hvd.broadcast_optimizer_state``) is followed by
+every rank.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import List
+
+import torch
+
+from . import comm
+from .controllers import Controller, Decision, StepObservation
+
+# Statistics per step and rank that ride with the carrier bucket: squared norms of
+# g_ef, g_min and g_c, of the raw gradient, Accordion's interval sum, NaN/Inf flag.
+N_STATS = 6
+# Keys of ``optimizer.stats`` filled in by the exchange (None until it completes).
+CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compression_throughput", "next_cf")
+
+
+def observation(step_stats: List[float], step_time: float, world: int, at_boundary: bool) -> StepObservation:
+    """The controller's view of one step, from the rank-averaged statistics."""
+    return StepObservation(
+        ef_sq=step_stats[0], min_sq=step_stats[1], candidate_sq=step_stats[2],
+        step_time=step_time, samples=float(world), grad_sq=step_stats[3],
+        accumulated_sq=step_stats[4] if at_boundary else None,
+        # Not finite: a rank saw NaN/Inf, or a float32-carried statistic overflowed.
+        finite=step_stats[5] == 0.0 and all(map(math.isfinite, step_stats)))
+
+
+class DecisionExchange:
+    """Rank 0's decision for the next step, broadcast asynchronously (see module doc)."""
+
+    def __init__(self, controller: Controller, name: str, timeout: float, process_set=None):
+        self.controller = controller
+        self.name = name
+        self.timeout = timeout
+        self.process_set = process_set
+        self._pending = None   # (handle, buffer, step_stats, at_boundary, observe, stats)
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def is_root(self) -> bool:
+        return comm.group_rank(self.process_set) == 0
+
+    def start(self, step_stats: List[float], step_time: float, world: int, at_boundary: bool,
+              observe: bool, stats: dict) -> None:
+        """Submit this step's broadcast.  ``observe=False``: the step is not fed to the
+        controller (every rank skipped it: a loss-scaler overflow)."""
+        buf = torch.zeros(5, dtype=torch.float64)
+        if self.is_root():
+            if observe:
+                self.controller.observe(observation(step_stats, step_time, world, at_boundary))
+            d = self.controller.decision
+            buf.copy_(torch.tensor([d.send_cf, d.theta_min, d.candidate_cf, step_time, float(observe)],
+                                   dtype=torch.float64))
+        handle = comm.broadcast_async_(buf, self.name, self.process_set)
+        self._pending = (handle, buf, step_stats, world, at_boundary, stats)
+
+    def finish(self) -> None:
+        """Wait for the broadcast in flight; non-root ranks observe and adopt."""
+        if self._pending is None:
+            return
+        handle, buf, step_stats, world, at_boundary, stats = self._pending
+        self._pending = None
+        comm.wait(handle, self.name, self.timeout)
+        send_cf, theta_min, candidate_cf, step_time, observed = buf.tolist()
+        agreed = Decision(send_cf, theta_min, candidate_cf)
+        ctrl = self.controller
+        if not self.is_root():
+            if observed:
+                mine = ctrl.observe(observation(step_stats, step_time, world, at_boundary))
+            else:
+                mine = ctrl.decision
+            if mine != agreed:
+                warnings.warn(f"horovod_gravac: rank {comm.rank()} decided {mine} but rank 0 "
+                              f"decided {agreed}; following rank 0")
+        ctrl.adopt(agreed)
+        stats.update({"gain_min": getattr(ctrl, "gain_min", None),
+                      "gain_candidate": getattr(ctrl, "gain_candidate", None),
+                      "system_throughput": ctrl.last.get("system_throughput"),
+                      "compression_throughput": ctrl.last.get("compression_throughput"),
+                      "next_cf": agreed.send_cf})
+
+    def drop(self) -> None:
+        """Forget a broadcast in flight (elastic recovery: it died with the old world)."""
+        self._pending = None
+
+    def sync_state(self, step_index: int, name: str) -> int:
+        """Every rank takes rank 0's controller state and step index (once, before the
+        first bucket).  Returns the step index to use."""
+        ctrl = self.controller
+        state = comm.broadcast_object((ctrl.state_dict(), step_index) if self.is_root() else None,
+                                      name=name, timeout=self.timeout, process_set=self.process_set)
+        if not self.is_root():
+            ctrl.load_state_dict(state[0])
+        return int(state[1])
+
+
+def sync_step_index(step_index: int, name: str, timeout: float, process_set=None) -> int:
+    """Rank 0's step index on every rank (static controllers: shared-seed draws depend on it)."""
+    buf = torch.tensor([float(step_index)], dtype=torch.float64)
+    comm.wait(comm.broadcast_async_(buf, name, process_set), name, timeout)
+    return int(buf.item())
+
