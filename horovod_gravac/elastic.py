@@ -128,6 +128,9 @@ def sync_optimizer_state(optimizer, root_rank: int = 0) -> None:
                         "step": shared["step"]}
     optimizer.load_state_dict(merged)
     _apply_world_size(optimizer, comm.size())
+    # Every rank now holds rank 0's controller state and step index: the once-per-optimizer
+    # sync before the first bucket must not run again (a joining worker would run it alone).
+    optimizer._state_synced = True
 
 
 class GravacOptimizerStateHandler(StateHandler):
