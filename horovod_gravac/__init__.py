@@ -4,9 +4,6 @@ Replace ``hvd.DistributedOptimizer(opt, named_parameters=...)`` with
 ``horovod_gravac.DistributedOptimizer(opt, named_parameters=..., compressor=TopKCompressor,
 controller=GraVAC(theta_min=10, theta_max=1000, epsilon=0.7))``.
 """
-from .compressors import (DGCCompressor, PowerSGDCompressor, RandomKCompressor, RedSyncCompressor,
-                          SIDCoCompressor, SparseCompressor, SparseContext, SparsePayload,
-                          TopKCompressor)
 from .controllers import Accordion, Controller, Decision, Dense, GraVAC, StaticCF, StepObservation
 from .policy import Exponential, Geometric
 
@@ -14,11 +11,13 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # Lazy: the optimizer imports horovod.torch; controllers and compressors do not need it.
+    # Lazy: the optimizer and the compressors (Horovod Compressor classes) import Horovod;
+    # the controllers, gain, throughput and policies do not, and import without it.
     if name == "DistributedOptimizer":
         from .optimizer import DistributedOptimizer
         return DistributedOptimizer
-    from . import compressors
+    import importlib
+    compressors = importlib.import_module(".compressors", __name__)
     if hasattr(compressors, name):
         return getattr(compressors, name)
     raise AttributeError(f"module 'horovod_gravac' has no attribute {name!r}")

@@ -24,7 +24,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional
 
-from .compressors.base import check_cf
+from .cf import check_cf
 from .gain import EWMA, compression_gain, paper_alpha
 from .policy import make_policy
 from .throughput import ThroughputTable

@@ -158,3 +158,15 @@ def test_dense_first_step_never_wins_the_stop_rule():
     drive(ctrl, 30, gain, lambda cf: t_comp(cf) / (1.0 if cf == 1 else gain(cf)))
     assert [h["saturated_at"] for h in ctrl.history] == [None] * 6
     assert candidates_per_window(ctrl) == [10, 20, 40, 80, 160, 320]
+
+
+def test_controllers_import_without_horovod():
+    """The pure core (controllers, gain, throughput, policies, CF) loads no Horovod, so it
+    can be unit-tested and reused without it."""
+    import subprocess
+    import sys
+    code = ("import sys, horovod_gravac.controllers, horovod_gravac.gain, horovod_gravac.throughput, "
+            "horovod_gravac.policy, horovod_gravac.cf; "
+            "print(sorted(m for m in sys.modules if m == 'horovod' or m.startswith('horovod.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"importing the controllers loaded Horovod: {out}"

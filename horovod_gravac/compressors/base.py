@@ -25,6 +25,8 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from ..cf import check_cf, kept_count  # noqa: F401  (part of this module's API)
+
 try:  # Horovod is a hard dependency at run time; keep the pure parts importable without it.
     from horovod.torch.compression import Compressor as _HorovodCompressor
 except Exception:  # pragma: no cover - exercised only where Horovod is missing
@@ -57,23 +59,6 @@ class SparseContext(NamedTuple):
     shape: torch.Size
     dtype: torch.dtype
     numel: int
-
-
-def check_cf(cf, name: str = "cf") -> float:
-    """Validate a compression factor: a finite real number >= 1."""
-    if isinstance(cf, bool) or not isinstance(cf, (int, float)):
-        raise ValueError(f"{name} must be a real number >= 1, got {cf!r} ({type(cf).__name__})")
-    cf = float(cf)
-    if math.isnan(cf) or math.isinf(cf) or cf < 1.0:
-        raise ValueError(f"{name} must be a finite number >= 1 (CF = numel / kept), got {cf!r}")
-    return cf
-
-
-def kept_count(numel: int, cf: float) -> int:
-    """Entries kept at CF ``cf``: ``numel / cf`` rounded down, at least one (none for empty)."""
-    if numel == 0:
-        return 0
-    return max(1, min(numel, int(numel / cf)))
 
 
 def check_tensor(tensor: torch.Tensor) -> None:
