@@ -185,6 +185,35 @@ def read_header_stats(gathered: torch.Tensor, world: int, n: int) -> torch.Tenso
     return torch.stack(rows).sum(0).div_(world)
 
 
+def slot_rows(k_cap: int, n_stats: int) -> int:
+    """Rows of one rank's slot in the join-safe sparse format: a statistics header (always,
+    so the payload's row count travels), then up to ``k_cap`` payload rows."""
+    return header_rows(n_stats) + k_cap
+
+
+def pack_slot(payload: SparsePayload, stats: Optional[torch.Tensor], numel: int, world: int,
+              rank: int, k_cap: int, n_stats: int) -> torch.Tensor:
+    """Join-safe sparse wire: a ``(world * slot_rows, 2)`` int32 buffer, zero except this
+    rank's slot, so an allreduce (sum) of it is an allgather that Horovod's ``join`` allows:
+    a joined rank adds zeros, which read as an empty payload.  Payloads longer than
+    ``k_cap`` must be cut by the caller (what is not sent stays in the residual)."""
+    rows = slot_rows(k_cap, n_stats)
+    out = torch.zeros((world * rows, 2), dtype=torch.int32, device=payload.values.device)
+    block = pack(payload, stats if stats is not None else torch.zeros(n_stats, dtype=torch.float64), numel)
+    out[rank * rows: rank * rows + block.shape[0]] = block
+    free = out[rank * rows + block.shape[0]: (rank + 1) * rows]
+    free[:, 1] = numel   # unused rows land in the slack slot too
+    return out
+
+
+def read_slot_stats(summed: torch.Tensor, world: int, k_cap: int, n_stats: int) -> torch.Tensor:
+    """The statistics of every slot of a summed join-safe buffer, averaged over ``world``
+    (a joined rank's slot is zeros: it counts as zero, as in Horovod's joined average)."""
+    rows, head = slot_rows(k_cap, n_stats), header_rows(n_stats)
+    blocks = summed.view(world, rows, 2)[:, 1:head, 0].cpu().contiguous()
+    return blocks.view(torch.float64).sum(0).div_(world)
+
+
 def with_stats(flat: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
     """A copy of ``flat`` (float32) with ``stats`` appended as float32, for an allreduce."""
     return torch.cat([flat.reshape(-1).float(), stats.float().to(flat.device)])
@@ -227,6 +256,11 @@ def allreduce_async(tensor: torch.Tensor, name: str, op=None, prescale_factor: f
                                 process_set=_ps(process_set))
 
 
+def allreduce_sum_async(tensor: torch.Tensor, name: str, process_set=None):
+    """In-place sum across ranks (a joined rank adds zeros)."""
+    return allreduce_async(tensor, name, hvd.Sum, process_set=process_set)
+
+
 def allreduce_mean_async(tensor: torch.Tensor, name: str, process_set=None):
     """In-place average across ranks (dense gradients, shared-index values)."""
     return allreduce_async(tensor, name, process_set=process_set)
@@ -236,9 +270,15 @@ def allgather_async(tensor: torch.Tensor, name: str, process_set=None):
     return hvd.allgather_async(tensor, name=name, process_set=_ps(process_set))
 
 
-def broadcast_async_(tensor: torch.Tensor, name: str, process_set=None):
-    """In-place broadcast from the process set's root."""
-    return hvd.broadcast_async_(tensor, group_root(process_set), name=name, process_set=_ps(process_set))
+def broadcast_async_(tensor: torch.Tensor, name: str, process_set=None, root: Optional[int] = None):
+    """In-place broadcast from ``root`` (a rank of the process set; default its first)."""
+    root_global = group_root(process_set) if root is None else _global_rank(root, process_set)
+    return hvd.broadcast_async_(tensor, root_global, name=name, process_set=_ps(process_set))
+
+
+def _global_rank(group_rank_: int, process_set=None) -> int:
+    ranks = _ps(process_set).ranks
+    return ranks[group_rank_] if ranks else group_rank_
 
 
 def wait(handle, name: str = "collective", timeout: Optional[float] = None,
@@ -259,7 +299,15 @@ def wait(handle, name: str = "collective", timeout: Optional[float] = None,
             # Sleep a small fraction of the time waited so far: the completion is noticed
             # at most ~5 % (and 1 ms) late, and a long wait costs few wake-ups.
             time.sleep(min(max(1e-3, min_sleep), max(min_sleep, 0.05 * (now - start)), deadline - now))
-    return hvd.synchronize(handle)
+    try:
+        return hvd.synchronize(handle)
+    except Exception as exc:
+        if "not supported with Join" in str(exc):   # a peer sits in hvd.join()
+            raise type(exc)(f"{exc} (collective '{name}'). horovod_gravac sends sparse payloads with "
+                            f"allgather and decisions with broadcast; for hvd.join() with uneven data "
+                            f"use DistributedOptimizer(..., join_safe=True), which sends everything "
+                            f"with allreduce.") from exc
+        raise
 
 
 def allreduce_mean(values, name: str, timeout: Optional[float] = None, process_set=None) -> torch.Tensor:
@@ -283,30 +331,31 @@ _INLINE_BYTES = 1016
 
 
 def broadcast_object(obj, name: str, timeout: Optional[float] = None,
-                     min_sleep: float = POLL_MIN_SLEEP_S, process_set=None):
+                     min_sleep: float = POLL_MIN_SLEEP_S, process_set=None, root: int = 0):
     """Rank 0's object on every rank (pickled; every rank must call this).
 
     One broadcast of a fixed-size header that carries the pickle's length and, when it
     fits (up to ``_INLINE_BYTES``; a GraVAC decision is ~200), the pickle itself; a
     second broadcast only for larger objects.  Each is bounded by ``timeout``.
     (``hvd.broadcast_object`` always needs two: the receivers do not know the size.)"""
-    root = group_rank(process_set) == 0
+    src = root
+    root = group_rank(process_set) == src
     data = _to_bytes(obj) if root else None
     head = torch.zeros(8 + _INLINE_BYTES, dtype=torch.uint8)
     if root:
         head[:8].view(torch.int64)[0] = data.numel()
         if data.numel() <= _INLINE_BYTES:
             head[8:8 + data.numel()] = data
-    wait(broadcast_async_(head, name + ".head", process_set), name + ".head", timeout, min_sleep)
+    wait(broadcast_async_(head, name + ".head", process_set, src), name + ".head", timeout, min_sleep)
     size = int(head[:8].view(torch.int64)[0])
     if root:
         if size > _INLINE_BYTES:
-            wait(broadcast_async_(data, name + ".t", process_set), name + ".t", timeout, min_sleep)
+            wait(broadcast_async_(data, name + ".t", process_set, src), name + ".t", timeout, min_sleep)
         return obj
     if size <= _INLINE_BYTES:
         return _from_bytes(head[8:8 + size])
     data = torch.zeros(size, dtype=torch.uint8)
-    wait(broadcast_async_(data, name + ".t", process_set), name + ".t", timeout, min_sleep)
+    wait(broadcast_async_(data, name + ".t", process_set, src), name + ".t", timeout, min_sleep)
     return _from_bytes(data)
 
 

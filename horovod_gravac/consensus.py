@@ -127,3 +127,70 @@ def sync_step_index(step_index: int, name: str, timeout: float, process_set=None
     comm.wait(comm.broadcast_async_(buf, name, process_set), name, timeout)
     return int(buf.item())
 
+
+
+class JoinSafeExchange:
+    """Consensus that ``hvd.join()`` allows (``DistributedOptimizer(join_safe=True)``).
+
+    Horovod's join lets a rank that ran out of data sit out the others' allreduces (it
+    adds zeros) but not broadcasts or allgathers.  So instead of rank 0's broadcast, at
+    the start of every step each rank adds ``[its last step time, 1, its controller step
+    at its own slot]`` into one small allreduce (blocking: one latency per step, the
+    price of this mode).  Every rank that took part then sees the same mean step time
+    and the same averaged norms, and makes the same decision itself.  If the ranks'
+    controller steps differ (a rank sat out steps in ``hvd.join()``, or rank 0 alone
+    loaded a checkpoint), every rank takes the state of the one furthest ahead first.
+    Statistics of step t are filled in when step t+1 starts."""
+
+    def __init__(self, controller: Controller, name: str, timeout: float, process_set=None):
+        self.controller = controller
+        self.name = name
+        self.timeout = timeout
+        self.process_set = process_set
+        self._pending = None   # (step_stats, step_time, world, at_boundary, observe, stats)
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def start(self, step_stats: List[float], step_time: float, world: int, at_boundary: bool,
+              observe: bool, stats: dict) -> None:
+        self._pending = (step_stats, step_time, world, at_boundary, observe, stats)
+
+    def finish(self) -> None:
+        """Nothing to wait for: the exchange runs in :meth:`begin_step`, on every rank."""
+
+    def drop(self) -> None:
+        self._pending = None
+
+    def begin_step(self, step_index: int, world: int) -> int:
+        """The collective part (every rank, before its step's first bucket).  Returns the
+        step index to use (the furthest rank's, after a resync)."""
+        me = comm.group_rank(self.process_set)
+        ctrl = self.controller
+        step_time = self._pending[1] if self._pending is not None else 0.0
+        buf = torch.zeros(2 + world, dtype=torch.float64)
+        buf[0], buf[1], buf[2 + me] = step_time, 1.0, float(ctrl.step + 1)
+        comm.wait(comm.allreduce_sum_async(buf, self.name, self.process_set), self.name, self.timeout)
+        active, steps = buf[1].item(), buf[2:].tolist()
+        present = [s for s in steps if s > 0]
+        if any(s != present[0] for s in present):
+            src = max(range(world), key=lambda r: (steps[r], -r))
+            state = comm.broadcast_object((ctrl.state_dict(), step_index) if me == src else None,
+                                          name=self.name + ".resync", timeout=self.timeout,
+                                          process_set=self.process_set, root=src)
+            if me != src:
+                ctrl.load_state_dict(state[0])
+            self._pending = None   # observed with a step time the others do not share
+            return int(state[1])
+        if self._pending is not None:
+            step_stats, _, world_, at_boundary, observe, stats = self._pending
+            self._pending = None
+            if observe:
+                ctrl.observe(observation(step_stats, buf[0].item() / max(active, 1.0), world_, at_boundary))
+            stats.update({"gain_min": getattr(ctrl, "gain_min", None),
+                          "gain_candidate": getattr(ctrl, "gain_candidate", None),
+                          "system_throughput": ctrl.last.get("system_throughput"),
+                          "compression_throughput": ctrl.last.get("compression_throughput"),
+                          "next_cf": ctrl.decision.send_cf})
+        return step_index

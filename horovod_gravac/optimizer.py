@@ -64,7 +64,8 @@ from . import comm
 from .compressors.base import FLOAT_DTYPES, SparseCompressor, SparsePayload, check_cf
 from .compressors.powersgd import orthonormalize
 from .compressors.topk import TopKCompressor
-from .consensus import CONSENSUS_STATS, N_STATS, DecisionExchange, sync_step_index
+from .cf import kept_count
+from .consensus import CONSENSUS_STATS, N_STATS, DecisionExchange, JoinSafeExchange, sync_step_index
 from .controllers import DENSE, Controller, Decision, Dense, StaticCF, StepObservation
 from .error_feedback import ErrorFeedback
 
@@ -119,6 +120,7 @@ class _Bucket:
         self.update_residual = False    # the residual was formed this step
         self.parked: List[Tuple[int, int, torch.Tensor]] = []   # frozen params' residual slices
         self.wire_ctx = None    # Horovod compression context of the dense wire
+        self.slot_cap = 0       # join-safe sparse wire: payload rows per rank
         self.with_stats = False # its collective carries the step's statistics
         self.launched_finite = True     # False: this rank's bucket held NaN/Inf
         self.lowrank = None     # PowerSGD state between its two collectives
@@ -173,7 +175,10 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = opts["backward_passes_per_step"]
         self.op = opts["op"]
         self.gradient_predivide_factor = float(opts["gradient_predivide_factor"])
-        self.sparse_as_dense = opts["sparse_as_dense"]
+        # join_safe: every collective is an allreduce, which Horovod's join allows
+        # (sparse payloads in per-rank slots, sparse gradients densified, consensus by allreduce).
+        self._join_safe = opts["join_safe"]
+        self.sparse_as_dense = opts["sparse_as_dense"] or self._join_safe
         self.process_set = opts["process_set"]
         self._wire = opts["compression"]          # Horovod compressor of dense allreduces
         self._nonfinite_policy = opts["nonfinite"]
@@ -213,8 +218,9 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._world = comm.group_size(self.process_set) if self._included else 1
         if hasattr(controller, "set_world_size"):
             controller.set_world_size(self._world)
-        self._exchange = DecisionExchange(controller, f"{self._prefix}.decision", self._timeout,
-                                          self.process_set) if controller.needs_consensus else None
+        exchange = JoinSafeExchange if self._join_safe else DecisionExchange
+        self._exchange = exchange(controller, f"{self._prefix}.decision", self._timeout,
+                                  self.process_set) if controller.needs_consensus else None
         if opts["check_consistency"] and self._included and self._world > 1:
             self._check_consistency(floats, sample_compressor)
 
@@ -242,7 +248,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         mine.update({"op": int(self.op), "gradient_predivide_factor": self.gradient_predivide_factor,
                      "compression": getattr(self._wire, "__name__", type(self._wire).__name__),
                      "sparse_as_dense": self.sparse_as_dense, "nonfinite": self._nonfinite_policy,
-                     "grad_scaler": self._grad_scaler is not None,
+                     "grad_scaler": self._grad_scaler is not None, "join_safe": self._join_safe,
                      "buckets": [b.names for b in self._buckets]})
         everyone = comm.allgather_object(mine, name=f"{self._prefix}.consistency", timeout=self._timeout,
                                          process_set=self.process_set)
@@ -321,11 +327,13 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._step_open = True
         if self._step_start is None:
             self._step_start = time.perf_counter()
-        if self._exchange is not None:
+        if self._join_safe and self._exchange is not None:
+            self._step_index = self._exchange.begin_step(self._step_index, self._world)
+        elif self._exchange is not None:
             self._exchange.finish()   # the previous step's broadcast decides this step
         if not self._state_synced:
             self._state_synced = True
-            if self._world > 1 and self._exchange is not None:
+            if self._world > 1 and self._exchange is not None and not self._join_safe:
                 self._step_index = self._exchange.sync_state(self._step_index, f"{self._prefix}.state")
             elif self._world > 1 and self._shared_seed and not isinstance(self._controller, Dense):
                 self._step_index = sync_step_index(self._step_index, f"{self._prefix}.state",
@@ -589,9 +597,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         payload = payload_c if decision.send_cf == decision.candidate_cf else payload_min
         if poison:   # every rank's sum must come out non-finite
             payload = _poisoned(payload, comp_min.shared_indices, bucket.device)
-        if bucket.update_residual:
-            bucket.sent_indices = payload.indices
-        self._start_sparse(bucket, payload, comp_min.shared_indices, name)
+        self._start_sparse(bucket, payload, comp_min.shared_indices, name, decision.send_cf)
 
     def _bucket_name(self, bucket) -> str:
         return f"{self._prefix}.bucket.{bucket.index}"
@@ -692,8 +698,32 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             aggregated.mul_(self._world)
         return aggregated
 
-    def _start_sparse(self, bucket, payload, shared_indices, name):
+    def _start_sparse(self, bucket, payload, shared_indices, name, cf):
+        if self._join_safe and not shared_indices:
+            # The same slot size on every rank, from the decision alone; a threshold
+            # compressor's surplus beyond it stays in the residual.
+            cap = 2 * kept_count(bucket.numel, cf) + 1
+            if payload.values.numel() > cap:
+                payload = SparsePayload(payload.values[:cap], payload.indices[:cap])
+        if bucket.update_residual:
+            bucket.sent_indices = payload.indices
         k = payload.values.numel()
+        if self._join_safe and not shared_indices:
+            bucket.kind, bucket.slot_cap = "slotted", cap
+            pre, _ = self._scale_factors()
+            if pre != 1.0:
+                payload = SparsePayload(payload.values * pre, payload.indices)
+            world, me = self._world, comm.group_rank(self.process_set)
+
+            def start_slotted(stats):
+                if stats is not None:
+                    self._control_bytes += 8 * comm.header_rows(N_STATS)
+                buf = comm.pack_slot(payload, stats, bucket.numel, world, me, cap, N_STATS)
+                return comm.allreduce_sum_async(buf, name, self.process_set)
+            self._hold_or_start(bucket, start_slotted)
+            self._bytes_sent += 8 * world * comm.slot_rows(cap, N_STATS)
+            self._floats_sent += 2 * k
+            return
         if shared_indices:
             bucket.kind, bucket.payload = "shared", payload
             self._hold_or_start(bucket, self._allreduce_start(payload.values.clone(), name))
@@ -760,7 +790,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         """The bucket's combined gradient (flat float32), as ``op`` asks."""
         if bucket.kind == "lowrank":
             return self._lowrank_finish(bucket)
-        if bucket.kind == "sparse":
+        if bucket.kind in ("sparse", "slotted"):
             out = self._wait_bucket(bucket)
             total = comm.unpack_sum(out, bucket.numel)
             if self.op != hvd.Average:
@@ -803,6 +833,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if bucket.with_stats:
             if bucket.kind == "sparse":
                 stats = comm.read_header_stats(out, self._world, N_STATS)
+            elif bucket.kind == "slotted":
+                stats = comm.read_slot_stats(out, self._world, bucket.slot_cap, N_STATS)
             else:
                 out, stats = comm.split_stats(out, N_STATS)
                 if self.op == hvd.Sum and bucket.kind != "lowrank":
@@ -1104,7 +1136,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          momentum_correction: Optional[float] = None,
                          local_clip_norm: Optional[float] = None,
                          timeout_s: Optional[float] = None, overlap_consensus: bool = True,
-                         nonfinite: str = "propagate", grad_scaler=None):
+                         nonfinite: str = "propagate", grad_scaler=None, join_safe: bool = False):
     """Wrap ``optimizer`` so gradients are combined across Horovod ranks with adaptive
     (GraVAC), static or no compression.  The first ten arguments are
     ``hvd.DistributedOptimizer``'s, in its order and with its meaning; the rest are
@@ -1151,6 +1183,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         grad_scaler: the loop's ``torch.amp.GradScaler``: residuals are kept unscaled
             (results independent of the loss scale) and a skipped step leaves every
             state as it was.
+        join_safe: make every collective an allreduce, so ``hvd.join()`` with uneven data
+            works with compression too (Horovod's join supports nothing else): sparse
+            payloads travel in per-rank slots of an allreduce (about twice the bytes of
+            an allgather), sparse gradients are densified, and adaptive controllers agree
+            through one small blocking allreduce at the start of each step.
 
     After each step, ``optimizer.stats`` describes it (see docs/API_CONTRACT.md).
     """
@@ -1196,6 +1233,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     if local_clip_norm is not None and not (isinstance(local_clip_norm, (int, float))
                                             and not isinstance(local_clip_norm, bool) and local_clip_norm > 0):
         raise ValueError(f"local_clip_norm must be > 0 or None, got {local_clip_norm!r}")
+    if not isinstance(join_safe, bool):
+        raise ValueError(f"join_safe must be True or False, got {join_safe!r}")
     if nonfinite not in NONFINITE_POLICIES:
         raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
     if grad_scaler is not None and not (callable(getattr(grad_scaler, "get_scale", None))
@@ -1207,7 +1246,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                 controller=controller, bucket_cap_mb=bucket_cap_mb,
                 check_consistency=check_consistency, momentum_correction=momentum_correction,
                 local_clip_norm=local_clip_norm, timeout_s=timeout_s,
-                overlap_consensus=overlap_consensus, nonfinite=nonfinite, grad_scaler=grad_scaler)
+                overlap_consensus=overlap_consensus, nonfinite=nonfinite, grad_scaler=grad_scaler,
+                join_safe=join_safe)
     attrs = dict(_GravacDistributedOptimizer.__dict__)
     attrs["__module__"] = _HOROVOD_OPTIMIZER_MODULE   # see the note at its definition
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), attrs)
