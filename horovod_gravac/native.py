@@ -28,7 +28,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "SLACK"]
+__all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "redsync_search",
+           "SLACK"]
 
 # Extra slots every output buffer needs after its capacity (whole-vector stores).
 SLACK = 16
@@ -52,6 +53,9 @@ def _load() -> Optional[ctypes.CDLL]:
                                       _p, _p, _i64, ctypes.c_int]
             lib.hg_drop_smallest.restype = ctypes.c_int
             lib.hg_drop_smallest.argtypes = [_p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+            lib.hg_redsync.restype = _i64
+            lib.hg_redsync.argtypes = [_p, _p, _i64, ctypes.c_float, ctypes.c_float, ctypes.c_double,
+                                       ctypes.c_double, ctypes.c_int, _p]
             lib.hg_simd_level.restype = ctypes.c_int
             lib.hg_simd_level.argtypes = [ctypes.c_int]
             return lib
@@ -152,3 +156,21 @@ def drop_smallest(idx: np.ndarray, val: np.ndarray, k: int, lower_than=None) -> 
         if status != 0:
             raise MemoryError("horovod_gravac native drop_smallest: out of memory")
     return idx[:k], val[:k]
+
+
+def redsync_search(idx: np.ndarray, val: np.ndarray, lo, ceil, few: float, many: float,
+                   steps: int) -> Tuple[np.ndarray, np.ndarray, float]:
+    """RedSync's binary search over candidates (``idx``/``val`` from :func:`select`), in place.
+
+    The search of ``horovod_gravac.compressors.redsync.redsync_search`` on the magnitudes
+    ``|val|`` from ``[lo, min(max |val|, ceil)]`` (up to ``max |val|`` when more than
+    ``many`` lie above ``ceil``), at most ``steps`` steps, stopping once the count is in
+    ``[few, many]``; then the candidates with ``|val| >`` the threshold are compacted to
+    the front.  Returns ``(idx, val, threshold)``: views of the first slots, order kept.
+    """
+    out = np.zeros(3, dtype=np.float64)
+    kept = _LIB.hg_redsync(idx.ctypes.data, val.ctypes.data, idx.size, float(lo), float(ceil),
+                           float(few), float(many), int(steps), out.ctypes.data)
+    if kept < 0:
+        raise MemoryError("horovod_gravac native redsync_search: out of memory")
+    return idx[:kept], val[:kept], float(out[0])

@@ -15,6 +15,7 @@
  * only and chosen at run time, so one build runs on any x86-64 (and the portable
  * path on any other architecture).
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -332,4 +333,141 @@ int hg_drop_smallest(int32_t *idx, float *val, int64_t c, int64_t k, float lower
         val[pos[h]] = val[src];
     }
     return 0;
+}
+
+/* -- RedSync's threshold search over candidates ---------------------------------------- */
+
+/* Per-thread scratch of the search, kept between calls for the same reason as the drop's:
+ * the positions and magnitudes of the candidates at or below the bracket's upper end, and
+ * the window of magnitudes the search halves. */
+static __thread int32_t *rs_pos;
+static __thread float *rs_mag, *rs_window;
+static __thread int64_t rs_size;
+
+static int rs_scratch(int64_t size) {
+    if (size > rs_size) {
+        free(rs_pos);
+        free(rs_mag);
+        free(rs_window);
+        rs_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)size);
+        rs_mag = (float *)malloc(sizeof(float) * (size_t)size);
+        rs_window = (float *)malloc(sizeof(float) * (size_t)size);
+        if (!rs_pos || !rs_mag || !rs_window) {
+            free(rs_pos);
+            free(rs_mag);
+            free(rs_window);
+            rs_pos = NULL;
+            rs_mag = rs_window = NULL;
+            rs_size = 0;
+            return -1;
+        }
+        rs_size = size;
+    }
+    return 0;
+}
+
+/* RedSync's binary search (horovod_gravac/compressors/redsync.py, redsync_search) over the
+ * magnitudes of c candidates (idx/val: flat indices and signed values), then the ones with
+ * |v| <= threshold dropped in place.  Each step counts exactly what redsync_search counts,
+ * #(|v| > mid) with mid = (lo + hi) / 2 in float32, and moves the same way (too few:
+ * hi = mid; too many: lo = mid; within [few, many]: done, lo = hi = mid).  Instead of
+ * recounting all c candidates per step it keeps the magnitudes inside (lo, hi] and the
+ * count above hi, and halves that window as the bracket halves; and only the candidates
+ * at or below the bracket's upper end can be dropped, so only they are revisited.
+ *
+ * ceil: the sampled upper end; the search runs on [lo, min(max |v|, ceil)], or on
+ * [lo, max |v|] when more than `many` lie above ceil (as redsync.py does).  NaN
+ * candidates are never counted and always dropped (|NaN| > mid is false).
+ * Dropped slots among the first `kept` are refilled, in order, by the survivors after
+ * them (as hg_drop_smallest does): ascending except at the refilled slots.
+ * out[0] = the threshold (lo), out[1] = hi, out[2] = steps taken.
+ * Returns the kept count, or -1 when out of memory. */
+int64_t hg_redsync(int32_t *idx, float *val, int64_t c, float lo, float ceil_, double few, double many,
+                   int steps, double *out) {
+    if (rs_scratch(c + 16) != 0) return -1;
+    int32_t *pos = rs_pos;
+    float *mag = rs_mag, *w = rs_window;
+    float vmax = 0.0f;
+    int64_t above = 0, r = 0;
+    for (int64_t j = 0; j < c; j++) { /* max, count above ceil, the others recorded */
+        float a = fabsf(val[j]);
+        vmax = a > vmax ? a : vmax;
+        int up = a > ceil_;
+        above += up;
+        pos[r] = (int32_t)j;
+        mag[r] = a;
+        r += !up;
+    }
+    float hi = vmax < ceil_ ? vmax : ceil_;
+    if ((double)above > many) { /* the sampled upper end keeps too many: search up to max */
+        hi = vmax;
+        r = 0;
+        for (int64_t j = 0; j < c; j++) {
+            pos[r] = (int32_t)j;
+            mag[r] = fabsf(val[j]);
+            r++;
+        }
+        above = 0;
+    } else if (hi < ceil_) {
+        above = 0; /* hi = vmax: nothing lies above it */
+    }
+    if (lo > hi) lo = hi;
+    int64_t m = 0;
+    for (int64_t j = 0; j < r; j++) { /* the window (lo, hi] */
+        float a = mag[j];
+        w[m] = a;
+        m += (a > lo) & (a <= hi);
+    }
+    int taken = 0;
+    for (; taken < steps; taken++) {
+        float mid = (lo + hi) * 0.5f;
+        int64_t cnt = 0;
+        for (int64_t j = 0; j < m; j++) cnt += w[j] > mid;
+        double count = (double)(above + cnt);
+        int64_t q = 0;
+        if (count < few) { /* too few kept: lower the threshold, the window becomes (lo, mid] */
+            hi = mid;
+            above += cnt;
+            for (int64_t j = 0; j < m; j++) {
+                float a = w[j];
+                w[q] = a;
+                q += a <= mid;
+            }
+        } else if (count > many) { /* too many: raise it, the window becomes (mid, hi] */
+            lo = mid;
+            for (int64_t j = 0; j < m; j++) {
+                float a = w[j];
+                w[q] = a;
+                q += a > mid;
+            }
+        } else { /* within tolerance: done (later steps would leave lo = hi = mid) */
+            lo = hi = mid;
+            taken++;
+            break;
+        }
+        m = q;
+    }
+    out[0] = lo;
+    out[1] = hi;
+    out[2] = taken;
+    /* the dropped: recorded candidates with !(|v| > lo), ascending */
+    int64_t nd = 0;
+    for (int64_t j = 0; j < r; j++) {
+        pos[nd] = pos[j];
+        nd += !(mag[j] > lo);
+    }
+    int64_t kept = c - nd;
+    /* holes: dropped slots below kept; the tail after kept holds as many survivors */
+    int64_t holes = 0;
+    while (holes < nd && pos[holes] < kept) holes++;
+    int64_t t = holes, src = kept;
+    for (int64_t h = 0; h < holes; h++, src++) {
+        while (t < nd && pos[t] == src) {
+            t++;
+            src++;
+        }
+        idx[pos[h]] = idx[src];
+        val[pos[h]] = val[src];
+    }
+    return kept;
 }
