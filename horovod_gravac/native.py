@@ -29,7 +29,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 __all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "redsync_search",
-           "SLACK"]
+           "exceedance_moments", "SLACK"]
 
 # Extra slots every output buffer needs after its capacity (whole-vector stores).
 SLACK = 16
@@ -56,6 +56,8 @@ def _load() -> Optional[ctypes.CDLL]:
             lib.hg_redsync.restype = _i64
             lib.hg_redsync.argtypes = [_p, _p, _i64, ctypes.c_float, ctypes.c_float, ctypes.c_double,
                                        ctypes.c_double, ctypes.c_int, _p]
+            lib.hg_exceedance_moments.restype = None
+            lib.hg_exceedance_moments.argtypes = [_p, _i64, ctypes.c_float, ctypes.c_int, _p]
             lib.hg_simd_level.restype = ctypes.c_int
             lib.hg_simd_level.argtypes = [ctypes.c_int]
             return lib
@@ -174,3 +176,11 @@ def redsync_search(idx: np.ndarray, val: np.ndarray, lo, ceil, few: float, many:
     if kept < 0:
         raise MemoryError("horovod_gravac native redsync_search: out of memory")
     return idx[:kept], val[:kept], float(out[0])
+
+
+def exceedance_moments(x: np.ndarray, threshold, squares: bool = True) -> Tuple[float, float, float]:
+    """``(m, sum w, sum w^2)`` of the excesses ``w = |x| - threshold`` over ``|x| > threshold``
+    (one pass; NaN left out; the sum of squares 0 unless ``squares``).  ``x`` must pass :func:`usable`."""
+    out = np.zeros(3, dtype=np.float64)
+    _LIB.hg_exceedance_moments(x.ctypes.data, x.size, float(threshold), int(bool(squares)), out.ctypes.data)
+    return float(out[0]), float(out[1]), float(out[2])
