@@ -41,10 +41,10 @@ Host synchronisations per ``select``: two (the candidate ``nonzero`` and the fin
 ``nonzero`` over the candidates); one at low CFs.
 
 CPU host path (float32 with the native kernels): the same steps with host scalars.  The
-sample has a fixed size (``min_sample_hits * cf`` entries, at most 16384: see
-``dgc.HOST_SAMPLE_MAX``; a proportional 1 % sample costs more than the selection at
-bucket sizes), so the bracket is wider at high CFs, which only adds candidates (a few
-thousand at CF 1000).  The search then runs in the native kernel ``hg_redsync``: it
+sample is the size Top-k's CPU path uses, ``(k n)^(1/3)`` clamped to 2048-65536 (a
+proportional 1 % sample costs more than the selection at bucket sizes), so the bracket
+is wider at high CFs, which only adds candidates (a few thousand at CF 1000); the
+search's counts stay exact.  The search then runs in the native kernel ``hg_redsync``: it
 keeps the candidates' magnitudes inside the bracket and halves that window with the
 bracket, so all steps together read about two windows instead of ``steps`` times the
 candidates, with the same counts and the same moves as :func:`redsync_search`.
@@ -174,8 +174,13 @@ class RedSyncCompressor(ThresholdCompressor):
         from .topk import sample_size as topk_sample_size   # (topk imports dgc, which imports this)
 
         n = x.size
-        # Top-k's size at least: it balances the sample's random reads against surplus candidates.
-        s = min(n, max(host_sample_size(n, k, self.min_sample_hits, self.sample_ratio), topk_sample_size(n, k)))
+        # Top-k's sample size: it balances the sample's random reads against surplus candidates
+        # (the counts of the search are exact whatever the bracket); raised to sample_ratio * n
+        # when a ratio is given.
+        s = topk_sample_size(n, k)
+        if self.sample_ratio is not None:
+            s = max(s, host_sample_size(n, k, self.min_sample_hits, self.sample_ratio))
+        s = min(n, s)
         sample = host_abs_sample(x, s, self._host_generator())
         hits = s * k / n
         spread = _BRACKET_SIGMAS * math.sqrt(hits) + 2.0
