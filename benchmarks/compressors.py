@@ -663,6 +663,9 @@ def finish(args, rows, failures) -> int:
             w.writeheader()
             w.writerows(rows)
         print(f"# wrote {args.csv}")
+    if isinstance(sys.stdout, Tee):
+        sys.stdout.file.close()
+        sys.stdout = sys.stdout.stdout
     return 1 if (args.check and failures) else 0
 
 
