@@ -347,12 +347,13 @@ def measure_sweep_point(t: torch.Tensor, names, cf: float, repeats: int, clock: 
     quality = {name: [] for name in names}
     out = torch.zeros_like(t)
     k = comp_k(t, next(iter(comps.values())))
-    for _ in range(repeats):
+    for r in range(repeats):
         # No trim_heap() here: at bucket sizes a training loop recycles heap memory (tensors
         # under malloc's 32 MiB mmap threshold), and at 25M the pass's output is mapped fresh anyway.
         clock(lambda: _stream(t))
         times["pass"].append(clock.t)
-        for name, comp in comps.items():
+        # Every other repeat in reverse order, so that no compressor always runs first after the pass.
+        for name, comp in (list(comps.items()) if r % 2 == 0 else list(comps.items())[::-1]):
             comp.decompress(*comp.compress(t), out=out)      # warm-up, as in a training loop
             payload, ctx = clock(lambda: comp.compress(t))
             c = clock.t

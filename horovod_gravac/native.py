@@ -8,7 +8,8 @@ it is found by file name rather than imported.
 
 ``HOROVOD_GRAVAC_NATIVE`` chooses, read once at import:
 
-* unset or ``1``: the native kernels, with AVX-512 where the CPU has it;
+* unset or ``1``: the native kernels, with AVX-512 where the CPU has it (else the select
+  pass in AVX2 where the CPU has that);
 * ``portable``: the native kernels without their AVX-512 code (what a CPU without
   AVX-512 runs: portable C, compiled with an AVX2 variant on x86);
 * ``0``: NumPy only.
@@ -93,10 +94,11 @@ def available() -> bool:
 
 
 def mode() -> str:
-    """What runs now: ``"avx512"``, ``"portable"`` or ``"numpy"``."""
+    """What runs now: ``"avx512"``, ``"avx2"`` (x86 without AVX-512: the select pass in AVX2,
+    the rest portable), ``"portable"`` or ``"numpy"``."""
     if _MODE == "off":
         return "numpy"
-    return "avx512" if _LIB.hg_simd_level(int(_MODE == "auto")) == 2 else "portable"
+    return {2: "avx512", 3: "avx2"}.get(_LIB.hg_simd_level(int(_MODE == "auto")), "portable")
 
 
 def usable(x: np.ndarray) -> bool:

@@ -127,6 +127,67 @@ HG_AVX512 static int64_t select_avx512(const float *x, int64_t n, int64_t start,
     return c;
 }
 
+/* AVX2 (x86 without AVX-512, e.g. AMD Zen 2/3), 8 entries per step, unaligned loads:
+ * survivors are packed to the front of the register by a permutation looked up from the
+ * 8-bit compare mask, and stored as a whole vector (lanes past the survivors are
+ * overwritten by the next store).  The portable C loop cannot be vectorised by the
+ * compiler (the output position depends on the previous step) and costs 3-4x more at
+ * CF 10.  Magnitude keys are below 2^31, so the signed compare orders them; >= t is
+ * > t - 1 (for t = 0 that is > -1: everything).  `dense` as for AVX-512. */
+#define HG_AVX2 __attribute__((target("avx2,popcnt")))
+static int32_t hg_lut[256][8] __attribute__((aligned(32)));
+
+static void hg_lut_init(void) {
+    static int ready;
+    if (ready) return;
+    for (int m = 0; m < 256; m++) {
+        int j = 0;
+        for (int b = 0; b < 8; b++)
+            if ((m >> b) & 1) hg_lut[m][j++] = b;
+        for (; j < 8; j++) hg_lut[m][j] = 0;
+    }
+    ready = 1;
+}
+
+HG_AVX2 static int64_t select_avx2(const float *x, int64_t n, int64_t start, uint32_t tkey, int strict,
+                                   int dense, int32_t *idx, float *val, int64_t cap, int64_t *stopped) {
+    const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
+    const __m256i t = _mm256_set1_epi32((int)(strict ? tkey : tkey - 1u));
+    const __m256i eight = _mm256_set1_epi32(8);
+    __m256i iv = _mm256_add_epi32(_mm256_set1_epi32((int)start), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    int64_t c = 0, i = start;
+#define HG_STEP8(TEST)                                                                              \
+    {                                                                                               \
+        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(x + i));                    \
+        __m256i gt = _mm256_cmpgt_epi32(_mm256_and_si256(v, abs_mask), t);                          \
+        unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(gt));                         \
+        if (TEST) {                                                                                 \
+            __m256i perm = _mm256_load_si256((const __m256i *)(const void *)hg_lut[m]);            \
+            _mm256_storeu_si256((__m256i *)(void *)(val + c), _mm256_permutevar8x32_epi32(v, perm)); \
+            _mm256_storeu_si256((__m256i *)(void *)(idx + c), _mm256_permutevar8x32_epi32(iv, perm)); \
+            c += __builtin_popcount(m);                                                             \
+        }                                                                                           \
+        iv = _mm256_add_epi32(iv, eight);                                                           \
+    }
+    if (dense)
+        for (; i + 8 <= n && c + 8 <= cap; i += 8) HG_STEP8(1)
+    else
+        for (; i + 8 <= n && c + 8 <= cap; i += 8) HG_STEP8(m)
+#undef HG_STEP8
+    *stopped = i;
+    return c;
+}
+
+static int hg_has_avx2(void) {
+    static int has = -1;
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+        if (has) hg_lut_init();
+    }
+    return has;
+}
+
 static int hg_has_avx512(void) {
     static int has = -1;
     if (has < 0) {
@@ -138,10 +199,11 @@ static int hg_has_avx512(void) {
 }
 #endif
 
-/* Which code path the kernels take: 2 = AVX-512, 1 = portable. */
+/* Which code path the kernels take: 2 = AVX-512, 3 = AVX2 (the select pass only), 1 = portable. */
 int hg_simd_level(int allow_simd) {
 #ifdef HG_X86
     if (allow_simd && hg_has_avx512()) return 2;
+    if (allow_simd && hg_has_avx2()) return 3;
 #endif
     (void)allow_simd;
     return 1;
@@ -168,6 +230,8 @@ int64_t hg_select(const float *x, int64_t n, float t, int strict, double density
             int64_t room = cap > c ? cap - c : 0;
             c += select_avx512(x, n, head, tkey, strict, density > 0.02, idx + c, val + c, room, &start);
         }
+    } else if (hg_simd_level(allow_simd) == 3) {
+        c = select_avx2(x, n, 0, tkey, strict, density > 0.02, idx, val, cap, &start);
     }
 #endif
     (void)density;
