@@ -633,7 +633,7 @@ def main(argv=None) -> int:
     if not args.no_kernels:
         print("\nTable 3: compress CPU ms per CPU path, interleaved (native = horovod_gravac/_native/kernels.c;\n"
               "         'numpy' = the NumPy/torch code that runs when it is not built); speedup = numpy / native")
-        print(f"{'compressor':<14}{'input':<8}{'CF':>5} {'avx512':>8} {'portable':>9} {'numpy':>8} "
+        print(f"{'compressor':<14}{'input':<8}{'CF':>5} {'auto':>8} {'portable':>9} {'numpy':>8} "
               f"{'speedup':>8} {'portable':>9}")
         print("-" * 74)
         for cname in [c for c in ("topk", "dgc", "redsync", "sidco-exp") if c in names]:

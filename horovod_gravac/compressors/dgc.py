@@ -36,6 +36,18 @@ vectorised expression over the whole tensor, since the caching allocator makes
 temporaries cheap there.  Host synchronisations per call are listed in each
 compressor's docstring; a "sync" is any point where the host must know a
 device value, here always the output size of ``nonzero``.
+
+CPU host path (issue 17).  The optimizer compresses buckets of at most 6.5M entries, where
+a streaming pass runs in cache (0.06-1.6 ms) and per-call fixed costs decide: torch ops on
+0-dim tensors cost 5-10 us each, a 1 % sample (or ``min_sample_hits * cf`` entries, 400k
+at CF 1000) costs more than the selection, and a search that recounts every candidate per
+step costs a pass per step.  So on the CPU, float32 tensors with the native kernels
+switched on (:func:`host_path`) go through ``_select_host`` of each compressor: NumPy
+arrays and Python floats (there is no device to wait for), a sample of fixed size drawn
+from the same private generator, the native select pass (which also gathers the kept
+values, so ``compress`` needs no gather), and for RedSync and SIDCo native kernels for
+their search and statistics passes.  Every other case (other devices, float64, kernels
+not built or switched off) runs the torch code described above.
 """
 from __future__ import annotations
 
