@@ -182,8 +182,9 @@ static int hg_has_avx2(void) {
     static int has = -1;
     if (has < 0) {
         __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
-        if (has) hg_lut_init();
+        int h = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+        if (h) hg_lut_init(); /* before `has` says so: another thread may use the table right after */
+        __atomic_store_n(&has, h, __ATOMIC_RELEASE);
     }
     return has;
 }
