@@ -1,9 +1,27 @@
-"""Compressor benchmark: cost against a streaming pass, estimation quality, wire bytes,
-and multi-level versus direct compression (the GraVAC paper's Table 3).
+"""Compressor benchmark: cost against a streaming pass and against exact Top-k over a sweep
+of tensor sizes, estimation quality, wire bytes, and multi-level versus direct compression
+(the GraVAC paper's Table 3).
 
-    .venv/bin/python benchmarks/compressors.py                 # 25M entries, all tables
-    .venv/bin/python benchmarks/compressors.py --numel 2000000 --repeats 3   # quick look
-    .venv/bin/python benchmarks/compressors.py --csv results/compressors.csv
+    .venv/bin/python benchmarks/compressors.py --sweep-only    # the size sweep (issue 17), ~2 min
+    .venv/bin/python benchmarks/compressors.py --sweep-only --out benchmarks/results/compressors_sweep
+    .venv/bin/python benchmarks/compressors.py --sweep-only --device cuda --out /tmp/sweep_gpu
+    .venv/bin/python benchmarks/compressors.py                 # sweep, then tables 1-3 at 25M entries
+    .venv/bin/python benchmarks/compressors.py --no-sweep --numel 2000000 --repeats 3   # quick look
+    .venv/bin/python benchmarks/compressors.py --no-sweep --csv results/compressors.csv
+
+Size sweep (table 0).  The optimizer compresses buckets of at most 6.5M float32 entries
+(``bucket_cap_mb=25``), often far fewer; there a streaming pass runs in cache and the fixed
+costs of a compressor decide.  For each size of ``--sizes`` (default 256K, 1M, 4M, 6.5M
+and 25M entries; Laplace input) and each CF, every compressor is timed compress alone
+('c') and compress + decompress into a reused buffer ('c+d'), interleaved with a
+streaming pass and with exact Top-k on the same tensor within every repeat, and the
+median of ``--sweep-repeats`` (9) is quoted as ratios: to the pass and to Top-k's own
+compress (or compress + decompress).  Targets (issue 17), for DGC, RedSync and SIDCo:
+at sizes of at least 1M entries, no more than Top-k and at most 2 passes; below 1M, at
+most 2x Top-k; quality within [0.8, 1.25].  Each size also gets the multi-level row
+(compress 10x + compress_further x100 against compress 10x + compress 1000x).
+``--device cuda`` runs the sweep on the GPU (wall time with ``torch.cuda.synchronize``
+around every timed call; tables 1-3 are CPU-only and are skipped there).
 
 Everything runs on one thread (``torch.set_num_threads(1)``).  The unit of cost is one
 streaming pass over the same tensor, ``t.abs().max()``, timed side by side with each
@@ -68,6 +86,7 @@ import math
 import os
 import platform
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -78,7 +97,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from horovod_gravac import native  # noqa: E402
 from horovod_gravac.compressors import (DGCCompressor, RandomKCompressor, RedSyncCompressor,  # noqa: E402
-                                        SIDCoCompressor, SparseCompressor, TopKCompressor)
+                                        SIDCoCompressor, SparseCompressor, TopKCompressor, kept_count)
 
 COMPRESSORS = {
     "topk": lambda cf: TopKCompressor(cf),
@@ -285,6 +304,169 @@ def measure_kernels(t: torch.Tensor, make, cf: float, repeats: int):
     return best.cpu
 
 
+# -- size sweep (table 0) ----------------------------------------------------------------------
+SWEEP_SIZES = "262144,1048576,4194304,6553600,25000000"
+SWEEP_COMPRESSORS = ("topk", "dgc", "redsync", "sidco-exp", "sidco-gpareto", "sidco-gamma")
+BUCKET_NUMEL = 6_553_600   # one full bucket of bucket_cap_mb=25 float32 entries
+
+
+class DeviceClock:
+    """Time of one call: the thread's CPU time on the CPU (see the module docstring), wall time
+    between two ``torch.cuda.synchronize`` on a GPU (its work is not the calling thread's)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.t = 0.0
+
+    def __call__(self, fn):
+        if self.cuda:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = fn()
+            torch.cuda.synchronize()
+            self.t = time.perf_counter() - t0
+        else:
+            t0 = time.thread_time()
+            out = fn()
+            self.t = time.thread_time() - t0
+        return out
+
+
+def sweep_targets(numel: int, c_pass: float, c_topk: float):
+    """Issue 17's cost targets of a threshold compressor: (ok, text)."""
+    if numel >= 1_000_000:
+        return c_topk <= 1.0 and c_pass <= 2.0, "<=1 T, <=2 p"
+    return c_topk <= 2.0, "<=2 T"
+
+
+def measure_sweep_point(t: torch.Tensor, names, cf: float, repeats: int, clock: DeviceClock):
+    """Medians (seconds) of the pass and of each compressor's compress / compress + decompress
+    at one size and CF, everything interleaved within each repeat; qualities per compressor."""
+    comps = {name: COMPRESSORS[name](cf) for name in names}
+    times = {key: [] for key in ["pass"] + [f"{n}:{w}" for n in names for w in ("c", "cd")]}
+    quality = {name: [] for name in names}
+    out = torch.zeros_like(t)
+    k = comp_k(t, next(iter(comps.values())))
+    for r in range(repeats):
+        # No trim_heap() here: at bucket sizes a training loop recycles heap memory (tensors
+        # under malloc's 32 MiB mmap threshold), and at 25M the pass's output is mapped fresh anyway.
+        clock(lambda: _stream(t))
+        times["pass"].append(clock.t)
+        # Every other repeat in reverse order, so that no compressor always runs first after the pass.
+        for name, comp in (list(comps.items()) if r % 2 == 0 else list(comps.items())[::-1]):
+            comp.decompress(*comp.compress(t), out=out)      # warm-up, as in a training loop
+            payload, ctx = clock(lambda: comp.compress(t))
+            c = clock.t
+            clock(lambda: comp.decompress(payload, ctx, out=out))
+            times[f"{name}:c"].append(c)
+            times[f"{name}:cd"].append(c + clock.t)
+            q = getattr(comp, "last_quality", None)
+            quality[name].append(payload.values.numel() / k if q is None else q)
+            del payload
+    return {key: statistics.median(v) for key, v in times.items()}, quality
+
+
+def measure_sweep_multilevel(t: torch.Tensor, name: str, repeats: int, clock: DeviceClock,
+                             theta_min: float = 10.0, candidate: float = 1000.0):
+    """Median multi-level (compress 10x + compress_further x100) and direct (compress 10x +
+    compress 1000x) times, interleaved; worst quality of the further level."""
+    low, high = COMPRESSORS[name](theta_min), COMPRESSORS[name](candidate)
+    factor = candidate / theta_min
+    multi, direct, qs = [], [], []
+    for _ in range(repeats):
+        warm, ctx = low.compress(t)
+        low.compress_further(warm, ctx, factor)
+        high.compress(t)
+        del warm
+        payload, ctx = clock(lambda: low.compress(t))
+        base = clock.t
+        further = clock(lambda: low.compress_further(payload, ctx, factor))
+        multi.append(base + clock.t)
+        q = getattr(low, "last_quality", None)
+        qs.append(further.values.numel() / kept_count(t.numel(), low.cf * factor) if q is None else q)
+        clock(lambda: high.compress(t))
+        direct.append(base + clock.t)
+        del payload, further
+    return statistics.median(multi), statistics.median(direct), qs
+
+
+def run_sweep(args, rows) -> int:
+    """Table 0: the size sweep.  Prints it, appends CSV rows, returns the number of failed targets."""
+    device = torch.device(args.device)
+    sizes = [int(x) for x in args.sizes.split(",")]
+    cfs = [float(c) for c in args.cfs.split(",")]
+    names = ["topk"] + [n for n in args.compressors.split(",") if n in THRESHOLD and n != "topk"]
+    clock = DeviceClock(device)
+    timer = "wall time between cuda synchronizations" if clock.cuda else "thread CPU time"
+    print(f"\nTable 0: size sweep on {device} (Laplace input; {timer}; median of {args.sweep_repeats}, "
+          "everything interleaved)\n"
+          "  c = compress alone, cd = compress + decompress into a reused buffer; /p = ratio to one\n"
+          "  streaming pass t.abs().max() on the same tensor, /T = ratio to exact Top-k's own c (or cd);\n"
+          "  targets (issue 17): >= 1M entries: <= 1 T and <= 2 p; below 1M: <= 2 T; on c and on cd")
+    header = (f"{'entries':>10} {'CF':>5} {'compressor':<14}{'pass ms':>8} {'c ms':>8} {'c/p':>6} {'c/T':>6} "
+              f"{'cd/p':>6} {'cd/T':>6} {'quality':>11} {'target':>13} {'c':>4} {'cd':>4} {'q':>4}")
+    print(header + "\n" + "-" * len(header))
+    failures = 0
+    for numel in sizes:
+        t = make_input("laplace", numel, args.seed).to(device)
+        for cf in cfs:
+            med, quality = measure_sweep_point(t, names, cf, args.sweep_repeats, clock)
+            for name in names:
+                c, cd = med[f"{name}:c"], med[f"{name}:cd"]
+                c_p, c_t = c / med["pass"], c / med["topk:c"]
+                cd_p, cd_t = cd / med["pass"], cd / med["topk:cd"]
+                qs = quality[name]
+                if name == "topk":
+                    ok_c = ok_cd = ok_q = None
+                    target = "reference"
+                else:
+                    ok_c, target = sweep_targets(numel, c_p, c_t)
+                    ok_cd, _ = sweep_targets(numel, cd_p, cd_t)
+                    ok_q = QUALITY_RANGE[0] <= min(qs) and max(qs) <= QUALITY_RANGE[1]
+                    failures += sum(not ok for ok in (ok_c, ok_cd, ok_q))
+                marks = " ".join(f"{'' if ok is None else verdict(ok):>4}" for ok in (ok_c, ok_cd, ok_q))
+                print(f"{numel:>10,} {cf:>5g} {name:<14}{med['pass'] * 1e3:>8.3f} {c * 1e3:>8.3f} {c_p:>6.2f} "
+                      f"{c_t:>6.2f} {cd_p:>6.2f} {cd_t:>6.2f} {min(qs):>5.2f}-{max(qs):<5.2f} {target:>13} {marks}",
+                      flush=True)
+                rows.append(dict(table="sweep", device=str(device), numel=numel, compressor=name, cf=cf,
+                                 stream_ms=med["pass"] * 1e3, compress_ms=c * 1e3,
+                                 compress_decompress_ms=cd * 1e3, compress_per_pass=c_p, compress_per_topk=c_t,
+                                 cd_per_pass=cd_p, cd_per_topk=cd_t, quality_min=min(qs), quality_max=max(qs),
+                                 compress_ok=ok_c, cd_ok=ok_cd, quality_ok=ok_q))
+        if not args.no_multilevel:
+            for name in names:
+                multi, direct, qs = measure_sweep_multilevel(t, name, args.sweep_repeats, clock)
+                ok = direct / multi > 1.02
+                ok_q = QUALITY_RANGE[0] <= min(qs) and max(qs) <= QUALITY_RANGE[1]
+                if name != "topk":   # the reference (its own target, 1.5x at 25M, is in table 2)
+                    failures += (not ok) + (not ok_q)
+                print(f"{numel:>10,} {'ml':>5} {name:<14}{'':>8} {multi * 1e3:>8.3f}  multi-level 10x+x100 vs "
+                      f"direct {direct * 1e3:.3f} ms: {direct / multi:.2f}x (> 1.02x {verdict(ok)}), "
+                      f"q {min(qs):.2f}-{max(qs):.2f} {verdict(ok_q)}", flush=True)
+                rows.append(dict(table="sweep_multilevel", device=str(device), numel=numel, compressor=name,
+                                 cf=1000.0, multi_total_ms=multi * 1e3, direct_total_ms=direct * 1e3,
+                                 speedup=direct / multi, speedup_ok=ok, quality_min=min(qs), quality_max=max(qs),
+                                 quality_ok=ok_q))
+        del t
+    return failures
+
+
+class Tee:
+    """Write to stdout and to a file."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "w")
+        self.stdout = sys.stdout
+
+    def write(self, text):
+        self.stdout.write(text)
+        self.file.write(text)
+
+    def flush(self):
+        self.stdout.flush()
+        self.file.flush()
+
+
 # -- reporting -------------------------------------------------------------------------------
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
@@ -320,6 +502,12 @@ def main(argv=None) -> int:
                          "NumPy/torch only (see horovod_gravac/native.py)")
     ap.add_argument("--malloc", choices=sorted(MALLOC_ENV), default="steady",
                     help="allocator state for large tensors (see the module docstring)")
+    ap.add_argument("--sizes", default=SWEEP_SIZES, help="entries of the size sweep (table 0), comma-separated")
+    ap.add_argument("--sweep-repeats", type=int, default=9, help="repeats per sweep figure (median taken)")
+    ap.add_argument("--device", default="cpu", help="device of the size sweep: cpu or cuda (tables 1-3: CPU only)")
+    ap.add_argument("--sweep-only", action="store_true", help="run the size sweep only")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the size sweep")
+    ap.add_argument("--out", help="write the printout to OUT.txt and every figure to OUT.csv")
     args = ap.parse_args(argv)
     if argv is None and os.environ.get("HG_BENCH_MALLOC") != args.malloc:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
@@ -334,13 +522,29 @@ def main(argv=None) -> int:
     for name in names:
         if name not in COMPRESSORS:
             ap.error(f"unknown compressor {name!r}; known: {', '.join(COMPRESSORS)}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is available")
+    if args.sweep_only and args.no_sweep:
+        ap.error("--sweep-only and --no-sweep exclude each other")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        sys.stdout = Tee(Path(args.out + ".txt"))
+        args.csv = args.out + ".csv"
+    cpu_tables = not args.sweep_only and not args.device.startswith("cuda")
+    gpu = f", GPU {torch.cuda.get_device_name()}" if args.device.startswith("cuda") else ""
 
-    print(f"# compressor benchmark: {args.numel:,} float32 entries, 1 thread, torch {torch.__version__}, "
-          f"{platform.processor() or platform.machine()}, kernels {native.mode()}, malloc {args.malloc}, "
+    print(f"# compressor benchmark: 1 thread, torch {torch.__version__}, "
+          f"{platform.processor() or platform.machine()}{gpu}, kernels {native.mode()}, malloc {args.malloc}, "
           f"load average {os.getloadavg()[0]:.1f} at start")
-    print("# ratio = (compress + decompress) / streaming pass t.abs().max(), thread CPU time, timed "
-          f"interleaved, min of {args.repeats}")
     rows, failures = [], 0
+    if not args.no_sweep:
+        t0 = time.perf_counter()
+        failures += run_sweep(args, rows)
+        print(f"# size sweep: {time.perf_counter() - t0:.0f} s")
+    if not cpu_tables:
+        return finish(args, rows, failures)
+    print(f"\n# tables 1-3: {args.numel:,} float32 entries; ratio = (compress + decompress) / streaming pass "
+          f"t.abs().max(), thread CPU time, timed interleaved, min of {args.repeats}")
 
     data = {}
     for name in inputs:
@@ -429,7 +633,7 @@ def main(argv=None) -> int:
     if not args.no_kernels:
         print("\nTable 3: compress CPU ms per CPU path, interleaved (native = horovod_gravac/_native/kernels.c;\n"
               "         'numpy' = the NumPy/torch code that runs when it is not built); speedup = numpy / native")
-        print(f"{'compressor':<14}{'input':<8}{'CF':>5} {'avx512':>8} {'portable':>9} {'numpy':>8} "
+        print(f"{'compressor':<14}{'input':<8}{'CF':>5} {'auto':>8} {'portable':>9} {'numpy':>8} "
               f"{'speedup':>8} {'portable':>9}")
         print("-" * 74)
         for cname in [c for c in ("topk", "dgc", "redsync", "sidco-exp") if c in names]:
@@ -443,6 +647,10 @@ def main(argv=None) -> int:
                 rows.append(dict(table="kernels", compressor=cname, input=iname, cf=cf,
                                  avx512_ms=fast, portable_ms=port, numpy_ms=slow))
 
+    return finish(args, rows, failures)
+
+
+def finish(args, rows, failures) -> int:
     print(f"\n# load average {os.getloadavg()[0]:.1f} at end; {failures} target(s) failed")
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
@@ -456,6 +664,9 @@ def main(argv=None) -> int:
             w.writeheader()
             w.writerows(rows)
         print(f"# wrote {args.csv}")
+    if isinstance(sys.stdout, Tee):
+        sys.stdout.file.close()
+        sys.stdout = sys.stdout.stdout
     return 1 if (args.check and failures) else 0
 
 

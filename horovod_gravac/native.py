@@ -8,7 +8,8 @@ it is found by file name rather than imported.
 
 ``HOROVOD_GRAVAC_NATIVE`` chooses, read once at import:
 
-* unset or ``1``: the native kernels, with AVX-512 where the CPU has it;
+* unset or ``1``: the native kernels, with AVX-512 where the CPU has it (else the select
+  pass in AVX2 where the CPU has that);
 * ``portable``: the native kernels without their AVX-512 code (what a CPU without
   AVX-512 runs: portable C, compiled with an AVX2 variant on x86);
 * ``0``: NumPy only.
@@ -28,7 +29,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "SLACK"]
+__all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "redsync_search",
+           "exceedance_moments", "SLACK"]
 
 # Extra slots every output buffer needs after its capacity (whole-vector stores).
 SLACK = 16
@@ -52,6 +54,11 @@ def _load() -> Optional[ctypes.CDLL]:
                                       _p, _p, _i64, ctypes.c_int]
             lib.hg_drop_smallest.restype = ctypes.c_int
             lib.hg_drop_smallest.argtypes = [_p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+            lib.hg_redsync.restype = _i64
+            lib.hg_redsync.argtypes = [_p, _p, _i64, ctypes.c_float, ctypes.c_float, ctypes.c_double,
+                                       ctypes.c_double, ctypes.c_int, _p]
+            lib.hg_exceedance_moments.restype = None
+            lib.hg_exceedance_moments.argtypes = [_p, _i64, ctypes.c_float, ctypes.c_int, _p]
             lib.hg_simd_level.restype = ctypes.c_int
             lib.hg_simd_level.argtypes = [ctypes.c_int]
             return lib
@@ -87,10 +94,11 @@ def available() -> bool:
 
 
 def mode() -> str:
-    """What runs now: ``"avx512"``, ``"portable"`` or ``"numpy"``."""
+    """What runs now: ``"avx512"``, ``"avx2"`` (x86 without AVX-512: the select pass in AVX2,
+    the rest portable), ``"portable"`` or ``"numpy"``."""
     if _MODE == "off":
         return "numpy"
-    return "avx512" if _LIB.hg_simd_level(int(_MODE == "auto")) == 2 else "portable"
+    return {2: "avx512", 3: "avx2"}.get(_LIB.hg_simd_level(int(_MODE == "auto")), "portable")
 
 
 def usable(x: np.ndarray) -> bool:
@@ -152,3 +160,29 @@ def drop_smallest(idx: np.ndarray, val: np.ndarray, k: int, lower_than=None) -> 
         if status != 0:
             raise MemoryError("horovod_gravac native drop_smallest: out of memory")
     return idx[:k], val[:k]
+
+
+def redsync_search(idx: np.ndarray, val: np.ndarray, lo, ceil, few: float, many: float,
+                   steps: int) -> Tuple[np.ndarray, np.ndarray, float]:
+    """RedSync's binary search over candidates (``idx``/``val`` from :func:`select`), in place.
+
+    The search of ``horovod_gravac.compressors.redsync.redsync_search`` on the magnitudes
+    ``|val|`` from ``[lo, min(max |val|, ceil)]`` (up to ``max |val|`` when more than
+    ``many`` lie above ``ceil``), at most ``steps`` steps, stopping once the count is in
+    ``[few, many]``; then the candidates with ``|val| >`` the threshold are compacted to
+    the front.  Returns ``(idx, val, threshold)``: views of the first slots, order kept.
+    """
+    out = np.zeros(3, dtype=np.float64)
+    kept = _LIB.hg_redsync(idx.ctypes.data, val.ctypes.data, idx.size, float(lo), float(ceil),
+                           float(few), float(many), int(steps), out.ctypes.data)
+    if kept < 0:
+        raise MemoryError("horovod_gravac native redsync_search: out of memory")
+    return idx[:kept], val[:kept], float(out[0])
+
+
+def exceedance_moments(x: np.ndarray, threshold, squares: bool = True) -> Tuple[float, float, float]:
+    """``(m, sum w, sum w^2)`` of the excesses ``w = |x| - threshold`` over ``|x| > threshold``
+    (one pass; NaN left out; the sum of squares 0 unless ``squares``).  ``x`` must pass :func:`usable`."""
+    out = np.zeros(3, dtype=np.float64)
+    _LIB.hg_exceedance_moments(x.ctypes.data, x.size, float(threshold), int(bool(squares)), out.ctypes.data)
+    return float(out[0]), float(out[1]), float(out[2])

@@ -6,7 +6,8 @@ scalar read into Python (``item``, ``float(t)``, ``bool(t)``: ``_local_scalar_de
 A ``TorchDispatchMode`` sees every aten operation the compressors run, so the count is
 exact without a GPU.  The threshold compressors are forced onto the path they take on
 accelerators (one vectorised expression per kernel; the CPU path is chunked for cache
-reasons and syncs once per chunk, which costs nothing on a CPU).  The counts must match
+reasons and syncs once per chunk, which costs nothing on a CPU; DGC's and RedSync's CPU host
+path works on NumPy arrays with host scalars and is switched off here).  The counts must match
 the docstrings and must not grow with the CF, the stages or the tensor size, i.e. no
 sync inside a loop.
 """
@@ -55,6 +56,7 @@ DOCUMENTED = {
 @pytest.fixture
 def accelerator_path(monkeypatch):
     monkeypatch.setattr(dgc_mod, "_chunked", lambda flat: False)
+    monkeypatch.setattr(dgc_mod, "host_path", lambda flat: False)   # the CPU host path has no device
 
 
 @pytest.mark.parametrize("name", sorted(DOCUMENTED))

@@ -36,6 +36,18 @@ vectorised expression over the whole tensor, since the caching allocator makes
 temporaries cheap there.  Host synchronisations per call are listed in each
 compressor's docstring; a "sync" is any point where the host must know a
 device value, here always the output size of ``nonzero``.
+
+CPU host path (issue 17).  The optimizer compresses buckets of at most 6.5M entries, where
+a streaming pass runs in cache (0.06-1.6 ms) and per-call fixed costs decide: torch ops on
+0-dim tensors cost 5-10 us each, a 1 % sample (or ``min_sample_hits * cf`` entries, 400k
+at CF 1000) costs more than the selection, and a search that recounts every candidate per
+step costs a pass per step.  So on the CPU, float32 tensors with the native kernels
+switched on (:func:`host_path`) go through ``_select_host`` of each compressor: NumPy
+arrays and Python floats (there is no device to wait for), a sample of fixed size drawn
+from the same private generator, the native select pass (which also gathers the kept
+values, so ``compress`` needs no gather), and for RedSync and SIDCo native kernels for
+their search and statistics passes.  Every other case (other devices, float64, kernels
+not built or switched off) runs the torch code described above.
 """
 from __future__ import annotations
 
@@ -46,7 +58,7 @@ import numpy as np
 import torch
 
 from .. import native
-from .base import SparseCompressor
+from .base import SparseCompressor, SparsePayload
 from .randomk import stratified_indices
 
 # Chunk of the CPU kernels: 512 KiB of float32, comfortably inside a 1 MiB L2.
@@ -196,6 +208,71 @@ def sample_quantile(sample: torch.Tensor, numel: int, count: float) -> torch.Ten
     return torch.kthvalue(sample, s - rank + 1).values
 
 
+# -- the CPU (host) path -----------------------------------------------------------------------
+# At the sizes the optimizer compresses (buckets of at most 6.5M entries, often far fewer) a
+# streaming pass runs in cache and costs 0.06-1.6 ms, so per-call fixed costs decide: torch
+# operations on 0-dim tensors (5-10 us each), a sample proportional to the tensor, and a
+# threshold search that recounts the whole candidate set per step.  On the CPU, float32
+# tensors that the native kernels take therefore go through NumPy and the kernels with host
+# scalars (no device to wait for on a CPU), and the sample has a fixed size.
+
+# Host sample: enough for ``min_sample_hits`` sampled entries above the threshold, but at
+# most HOST_SAMPLE_MAX entries (and at least HOST_SAMPLE_MIN).  When the cap leaves fewer
+# hits, the compressors widen their thresholds by a margin and finish on the candidates.
+HOST_SAMPLE_MIN = 1 << 11
+HOST_SAMPLE_MAX = 1 << 14
+_STRATA_CACHE: Dict[Tuple[int, int], np.ndarray] = {}
+
+
+def host_path(flat: torch.Tensor) -> bool:
+    """Whether a (work-dtype) tensor takes the host path: CPU, float32, native kernels on.
+    (Tests of the accelerator path switch it off by patching this function.)"""
+    return flat.device.type == "cpu" and flat.dtype == torch.float32 and native.usable(flat.numpy())
+
+
+def host_sample_size(numel: int, k: int, hits: int, ratio: Optional[float]) -> int:
+    """Sample size of the host path: ``hits * numel / k`` clamped to
+    ``[HOST_SAMPLE_MIN, HOST_SAMPLE_MAX]``, or at least ``ratio * numel`` when a ratio is set."""
+    want = min(HOST_SAMPLE_MAX, int(math.ceil(hits * numel / max(k, 1))))
+    if ratio is not None:
+        want = max(want, int(math.ceil(ratio * numel)))
+    return min(numel, max(HOST_SAMPLE_MIN, want))
+
+
+def host_abs_sample(x: np.ndarray, size: int, generator: torch.Generator) -> np.ndarray:
+    """``|x|`` at ``size`` stratified positions (a float copy; all of ``|x|`` when ``size >= x.size``).
+
+    Stratum ``i`` is ``[i d, (i + 1) d)`` with ``d = n // s``, and its position is drawn
+    uniformly in it from ``generator`` (the compressor's private CPU generator); the last
+    ``n - s d < s`` entries are never sampled (at most 1 in 2048 of the tensor's tail)."""
+    n = x.size
+    if size >= n:
+        return np.abs(x)
+    stride = n // size
+    base = _STRATA_CACHE.get((size, stride))
+    if base is None:
+        if len(_STRATA_CACHE) > 64:
+            _STRATA_CACHE.clear()
+        base = _STRATA_CACHE[(size, stride)] = np.arange(0, size * stride, stride, dtype=np.int64)
+    pos = torch.randint(stride, (size,), generator=generator).numpy()
+    pos += base
+    return np.abs(x[pos])
+
+
+def host_rank_value(sample: np.ndarray, rank: int) -> float:
+    """The ``rank``-th largest of ``sample`` (1-based, clamped to its size), partitioning it in place."""
+    rank = min(max(int(rank), 1), sample.size)
+    j = sample.size - rank
+    sample.partition(j)
+    return float(sample[j])
+
+
+def margin_rank(s: int, hits: float, sigmas: float) -> int:
+    """Sample rank of a threshold ``sigmas`` standard deviations of the sampled count below
+    the k-th magnitude (``hits`` sampled entries expected above it)."""
+    return min(s, max(1, int(math.ceil(hits + sigmas * math.sqrt(hits) + 2.0))))
+
+
 def check_fraction(value, name: str, low: float = 0.0, high: float = 1.0) -> float:
     """Validate a real parameter in ``(low, high]``; ValueError naming it otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)) \
@@ -257,12 +334,37 @@ class ThresholdCompressor(SparseCompressor):
         if k >= n:   # CF 1 (or a payload smaller than k): everything, as Top-k does
             idx = torch.arange(n, device=flat.device)
         else:
-            idx = self._select(flat, k)
+            pair = self._host_pair(flat, k)
+            idx = self._select(flat, k) if pair is None else pair[0]
         self.last_quality = idx.numel() / k if k > 0 else 1.0
         return idx
 
+    def select_payload(self, flat: torch.Tensor, k: int) -> SparsePayload:
+        pair = self._host_pair(flat, k) if 0 < k < flat.numel() else None
+        if pair is None:
+            return super().select_payload(flat, k)
+        self.last_quality = pair[0].numel() / k
+        return SparsePayload(pair[1], pair[0])   # the native pass gathered the values
+
+    def _host_pair(self, flat: torch.Tensor, k: int):
+        """``(int32 indices, float32 values)`` from the host path, or None when it does not apply."""
+        if type(self)._select_host is ThresholdCompressor._select_host:
+            return None   # no host path (SIDCo)
+        work = _work_dtype(flat)
+        if not host_path(work):
+            return None
+        idx, val = self._select_host(work.numpy(), k)
+        return torch.from_numpy(idx), torch.from_numpy(val)
+
     def _select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         raise NotImplementedError
+
+    def _select_host(self, x: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """The host path: ``(idx, val)`` (int32, signed float32) of a float32 array."""
+        raise NotImplementedError
+
+    def _host_generator(self) -> torch.Generator:
+        return self._generators(torch.device("cpu"))
 
 
 class DGCCompressor(ThresholdCompressor):
@@ -270,30 +372,80 @@ class DGCCompressor(ThresholdCompressor):
 
     Args:
         cf: compression factor (target ``numel / kept``).
-        sample_ratio: fraction of the entries sampled (DGC uses 0.1 % to 1 %) ...
+        sample_ratio: fraction of the entries sampled (DGC uses 0.1 % to 1 %).  ``None``
+            (default): a sample of fixed size on the CPU host path (see below) and 1 %
+            elsewhere ...
         min_sample_hits: ... raised so that about this many sampled entries lie above the
             threshold; the kept count's relative error is about ``1/sqrt(min_sample_hits)``.
             Tensors up to this sample size use every entry (exact threshold).
         seed: seed of the private per-device generators (see :meth:`set_step`).
 
-    Host synchronisations per ``select``: one (the size of the final ``nonzero``).
+    CPU host path (float32 with the native kernels; everything else runs the torch code):
+    the sample holds ``min_sample_hits * cf`` entries when that is at most
+    ``HOST_SAMPLE_MAX`` (16384; CF <= 40 with the defaults), and DGC's estimate is that
+    sample's quantile, as above.  At higher CFs such a sample would cost more than the
+    selection itself (400k random reads at CF 1000), so the sample is the size Top-k
+    uses (``(k n)^(1/3)``, 2048-65536) and the threshold is read 4 standard deviations
+    of the sampled count below the k-th magnitude; when the selection then keeps more
+    than ``1.25 k`` the surplus is dropped by magnitude (DGC's hierarchical selection:
+    top-k over the selected, here the native radix drop over the candidates).  On both
+    branches a count outside ``[0.8 k, 1.25 k]`` is corrected: too many are cut to
+    ``k``, too few re-selected at a wider margin.
+
+    Host synchronisations per ``select`` (torch path): one (the size of the final ``nonzero``).
     Cost: a sample gather of ``max(sample_ratio * n, min_sample_hits * cf)`` entries,
     one ``kthvalue`` on the sample, one selection pass over the tensor.
     """
 
-    def __init__(self, cf: float = 100.0, sample_ratio: float = 0.01, min_sample_hits: int = 400,
+    # Kept count accepted as it is, as a fraction of k (else refined).
+    BAND = (0.8, 1.25)
+
+    def __init__(self, cf: float = 100.0, sample_ratio: Optional[float] = None, min_sample_hits: int = 400,
                  seed: int = 0):
         super().__init__(cf, seed)
-        self.sample_ratio = check_fraction(sample_ratio, "sample_ratio")
+        self.sample_ratio = None if sample_ratio is None else check_fraction(sample_ratio, "sample_ratio")
         self.min_sample_hits = check_count(min_sample_hits, "min_sample_hits")
 
     def threshold(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         """The estimated threshold for keeping about ``k`` entries (0-dim device tensor)."""
         n = flat.numel()
-        s = sample_size(n, k, self.sample_ratio, self.min_sample_hits)
+        ratio = 0.01 if self.sample_ratio is None else self.sample_ratio
+        s = sample_size(n, k, ratio, self.min_sample_hits)
         sample = stratified_abs_sample(flat, s, self._generators(flat.device))
         return sample_quantile(sample, n, k).clamp(min=TINY)
 
     def _select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         idx, _ = select_abs_at_least(flat, self.threshold(flat, k), k / flat.numel(), magnitudes=False)
         return idx
+
+    def _select_host(self, x: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        from .topk import sample_size as topk_sample_size   # (topk imports this module)
+
+        n = x.size
+        few, many = k * self.BAND[0], k * self.BAND[1]
+        s = host_sample_size(n, k, self.min_sample_hits, self.sample_ratio)
+        plain = s >= n or s * k / n >= self.min_sample_hits
+        if not plain:
+            s = max(s if self.sample_ratio is not None else 0, topk_sample_size(n, k))
+        sample = host_abs_sample(x, s, self._host_generator())
+        hits = s * k / n
+        if s >= n:            # every entry: the exact k-th magnitude
+            ranks = [(k, None)]
+        elif plain:           # DGC's estimate: about k (1 +- 1/sqrt(hits)) pass it
+            ranks = [(int(round(hits)), None), (margin_rank(s, hits, 12.0), None)]
+        else:                 # a margin below the k-th magnitude, then the surplus dropped
+            ranks = [(margin_rank(s, hits, sigmas), int(hits - 4.0 * math.sqrt(hits) - 2.0))
+                     for sigmas in (4.0, 12.0)]
+        for rank, upper in ranks:
+            threshold = max(host_rank_value(sample, rank), float(TINY))
+            lower = host_rank_value(sample, upper) if upper is not None and upper >= 1 else None
+            expected = int(math.ceil((rank + 6.0 * math.sqrt(rank) + 16.0) * n / s)) if s < n else k + 64
+            idx, val = native.select(x, threshold, False, expected)
+            if idx.size > many:         # refine: the k largest of the selected
+                return native.drop_smallest(idx, val, k, lower)
+            if idx.size >= few or s >= n:
+                return idx, val
+        # Both estimates overshot (or ties at zero): the exact k-th magnitude.
+        threshold = max(host_rank_value(np.abs(x), k), float(TINY))
+        idx, val = native.select(x, threshold, False, k + 64)
+        return native.drop_smallest(idx, val, k) if idx.size > many else (idx, val)

@@ -44,19 +44,20 @@ def stratified_indices(numel: int, k: int, generator: torch.Generator, device=No
 
     Offsets come from one uniform float per stratum: float32 (24 bits) while strata
     are shorter than 4096 entries, so each position's chance is off by at most
-    4096 / 2**24 = 0.02 % of itself, float64 above that.  The generator lives on the
-    CPU; indices are made there and moved to ``device``.
+    4096 / 2**24 = 0.02 % of itself, float64 above that.  Indices are made on the
+    generator's device (a CUDA generator cannot draw CPU tensors) and moved to ``device``.
     """
     if k >= numel:
         return torch.arange(numel, device=device)
     size, extra = divmod(numel, k)
-    u = torch.rand(k, generator=generator, dtype=torch.float32 if size < 4095 else torch.float64)
+    gdev = generator.device
+    u = torch.rand(k, generator=generator, dtype=torch.float32 if size < 4095 else torch.float64, device=gdev)
     if extra == 0:   # equal strata: no table of boundaries needed
-        index = torch.arange(k, dtype=torch.int64).mul_(size)
+        index = torch.arange(k, dtype=torch.int64, device=gdev).mul_(size)
         # u * size can round up to size in floating point: the clamp keeps the draw in its stratum
         index.add_(u.mul_(size).to(torch.int64).clamp_(max=size - 1))
     else:
-        bounds = _stratum_starts(numel, k)
+        bounds = _stratum_starts(numel, k).to(gdev)
         sizes = bounds[1:] - bounds[:-1]                   # >= 1 because k <= numel
         offsets = u.mul_(sizes).to(torch.int64)
         index = bounds[:-1].add_(torch.minimum(offsets, sizes.sub_(1), out=offsets))

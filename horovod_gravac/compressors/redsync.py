@@ -39,17 +39,28 @@ The steps are a fixed number of tensor operations with no host synchronisation
 
 Host synchronisations per ``select``: two (the candidate ``nonzero`` and the final
 ``nonzero`` over the candidates); one at low CFs.
+
+CPU host path (float32 with the native kernels): the same steps with host scalars.  The
+sample is the size Top-k's CPU path uses, ``(k n)^(1/3)`` clamped to 2048-65536 (a
+proportional 1 % sample costs more than the selection at bucket sizes), so the bracket
+is wider at high CFs, which only adds candidates (a few thousand at CF 1000); the
+search's counts stay exact.  The search then runs in the native kernel ``hg_redsync``: it
+keeps the candidates' magnitudes inside the bracket and halves that window with the
+bracket, so all steps together read about two windows instead of ``steps`` times the
+candidates, with the same counts and the same moves as :func:`redsync_search`.
 """
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Optional, Tuple
 
+import numpy as np
 import torch
 
-from .dgc import (TINY, ThresholdCompressor, check_count,
-                  check_fraction, sample_quantile, sample_size, select_abs_at_least,
-                  stratified_abs_sample)
+from .. import native
+from .dgc import (TINY, ThresholdCompressor, check_count, check_fraction, host_abs_sample,
+                  host_rank_value, host_sample_size, sample_quantile, sample_size,
+                  select_abs_at_least, stratified_abs_sample)
 
 # Width of the sampled bracket, in standard deviations of the sampled count.
 _BRACKET_SIGMAS = 4.0
@@ -93,7 +104,8 @@ class RedSyncCompressor(ThresholdCompressor):
         cf: compression factor (target ``numel / kept``).
         tolerance: the search stops once the kept count is within ``k * (1 +- tolerance)``.
         sample_ratio, min_sample_hits: size of the stratified sample that brackets the
-            search (as for :class:`DGCCompressor`); only the candidate set depends on it,
+            search (as for :class:`DGCCompressor`; ``sample_ratio=None``: fixed size on the
+            CPU host path, 1 % elsewhere); only the candidate set depends on it,
             the counts of the search are exact (except at low CFs, see above).
         max_steps: upper bound on binary-search steps.
         seed: seed of the private per-device generators (see ``set_step``).
@@ -103,18 +115,19 @@ class RedSyncCompressor(ThresholdCompressor):
     ``steps ~ log2(bracket width / tolerance) + 2``.
     """
 
-    def __init__(self, cf: float = 100.0, tolerance: float = 0.02, sample_ratio: float = 0.01,
+    def __init__(self, cf: float = 100.0, tolerance: float = 0.02, sample_ratio: Optional[float] = None,
                  min_sample_hits: int = 400, max_steps: int = 40, seed: int = 0):
         super().__init__(cf, seed)
         self.tolerance = check_fraction(tolerance, "tolerance", 0.0, 0.5)
-        self.sample_ratio = check_fraction(sample_ratio, "sample_ratio")
+        self.sample_ratio = None if sample_ratio is None else check_fraction(sample_ratio, "sample_ratio")
         self.min_sample_hits = check_count(min_sample_hits, "min_sample_hits")
         self.max_steps = check_count(max_steps, "max_steps")
         self.last_steps = 0
 
     def _select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         n = flat.numel()
-        s = sample_size(n, k, self.sample_ratio, self.min_sample_hits)
+        ratio = 0.01 if self.sample_ratio is None else self.sample_ratio
+        s = sample_size(n, k, ratio, self.min_sample_hits)
         sample = stratified_abs_sample(flat, s, self._generators(flat.device))
         hits = s * k / n                          # sampled entries expected above the k-th magnitude
         spread = _BRACKET_SIGMAS * math.sqrt(hits) + 2.0
@@ -152,3 +165,46 @@ class RedSyncCompressor(ThresholdCompressor):
         thr, _ = redsync_search(cand, k, lo, hi, steps, self.tolerance)
         keep = torch.nonzero(cand > thr).view(-1)                  # sync 2
         return cand_idx.index_select(0, keep)
+
+    def _steps(self, spread: float, hits: float) -> int:
+        width = 2.0 * spread / max(hits, 1.0)      # relative bracket width in counts
+        return min(self.max_steps, int(math.ceil(math.log2(max(width / self.tolerance, 1.0)))) + 2)
+
+    def _select_host(self, x: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        from .topk import sample_size as topk_sample_size   # (topk imports dgc, which imports this)
+
+        n = x.size
+        # Top-k's sample size: it balances the sample's random reads against surplus candidates
+        # (the counts of the search are exact whatever the bracket); raised to sample_ratio * n
+        # when a ratio is given.
+        s = topk_sample_size(n, k)
+        if self.sample_ratio is not None:
+            s = max(s, host_sample_size(n, k, self.min_sample_hits, self.sample_ratio))
+        s = min(n, s)
+        sample = host_abs_sample(x, s, self._host_generator())
+        hits = s * k / n
+        spread = _BRACKET_SIGMAS * math.sqrt(hits) + 2.0
+        few, many = k * (1.0 - self.tolerance), k * (1.0 + self.tolerance)
+        if s >= n:   # the "sample" is the whole tensor: its quantile is exact
+            floor = ceil = host_rank_value(sample, k)
+        else:
+            ceil = host_rank_value(sample, int(round(max(hits - spread, 1.0))))
+            floor = host_rank_value(sample, int(round(hits + spread)))
+        floor = max(floor, float(TINY))
+        if s < n and hits >= _SAMPLE_COUNT_HITS:
+            # Low CF with a large sample (an explicit sample_ratio): search on its counts.
+            steps = self._steps(spread, hits)
+            self.last_steps = steps
+            lo, hi = redsync_search(torch.from_numpy(sample), hits, torch.tensor(floor), torch.tensor(ceil),
+                                    steps, self.tolerance)
+            return native.select(x, max(float(lo), float(TINY)), False, int(k * 1.25) + 64)
+        expected = int(math.ceil((hits + spread + 6.0 * math.sqrt(hits + spread) + 16.0) * n / s)) \
+            if s < n else k + 64
+        idx, val = native.select(x, floor, False, expected)
+        if idx.size <= many:
+            self.last_steps = 0
+            return idx, val
+        steps = self._steps(spread, hits)
+        self.last_steps = steps
+        idx, val, _ = native.redsync_search(idx, val, floor, ceil, few, many, steps)
+        return idx, val

@@ -67,12 +67,15 @@ stay on the device.
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from statistics import NormalDist
+from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
 
-from .dgc import (TINY, ThresholdCompressor, check_count, check_fraction,
-                  exceedance_moments, select_abs_at_least, stratified_abs_sample)
+from .. import native
+from .dgc import (HOST_SAMPLE_MAX, TINY, ThresholdCompressor, check_count, check_fraction,
+                  exceedance_moments, host_abs_sample, select_abs_at_least, stratified_abs_sample)
 
 DISTRIBUTIONS = ("exponential", "gpareto", "gamma")
 _NEWTON_STEPS = 8
@@ -138,6 +141,93 @@ def fitted_excess(distribution: str, moments: torch.Tensor, density: torch.Tenso
     alpha = ratio.clamp(0.01, 1e4)
     beta = var / mean.clamp(min=1e-300)
     return beta * gamma_upper_quantile(alpha, density)
+
+
+# -- host (CPU) versions: Python floats instead of 0-dim tensors --------------------------------
+def _gammaincc_host(a: float, x: float) -> float:
+    """Regularised upper incomplete gamma ``Q(a, x)`` (series below ``a + 1``, continued fraction above)."""
+    if x <= 0.0:
+        return 1.0
+    log_front = -x + a * math.log(x) - math.lgamma(a)
+    if x < a + 1.0:
+        ap, term = a, 1.0 / a
+        total = term
+        for _ in range(100000):
+            ap += 1.0
+            term *= x / ap
+            total += term
+            if abs(term) < abs(total) * 1e-15:
+                break
+        return max(0.0, 1.0 - total * math.exp(log_front))
+    b = x + 1.0 - a
+    c, d = 1e300, 1.0 / b
+    h = d
+    for i in range(1, 100000):
+        an = -i * (i - a)
+        b += 2.0
+        d = an * d + b
+        d = d if abs(d) > 1e-300 else 1e-300
+        c = b + an / c
+        c = c if abs(c) > 1e-300 else 1e-300
+        d = 1.0 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return math.exp(log_front) * h
+
+
+def gamma_upper_quantile_host(alpha: float, density: float) -> float:
+    """:func:`gamma_upper_quantile` with Python floats: the same starting points and Newton steps."""
+    density = min(max(density, 1e-300), 1.0 - 1e-12)
+    log_d = math.log(density)
+    lg = math.lgamma(alpha)
+
+    def g(u):
+        return math.log(max(_gammaincc_host(alpha, math.exp(u)), 1e-300)) - log_d
+
+    u_small = (math.lgamma(alpha + 1.0) + math.log1p(-density)) / alpha
+    big = -log_d
+    u_large = math.log(max(max(big - lg + (alpha - 1.0) * math.log(max(big, alpha)), 1e-3), alpha))
+    z = -NormalDist().inv_cdf(density)
+    c = 1.0 / (9.0 * alpha)
+    u_wh = 3.0 * math.log(max(1.0 - c + z * math.sqrt(c), 1e-3)) + math.log(alpha)
+    u = min((u_small, u_large, u_wh), key=lambda v: abs(g(v)))
+    for _ in range(_NEWTON_STEPS):
+        y = math.exp(u)
+        q = max(_gammaincc_host(alpha, y), 1e-300)
+        slope = -math.exp(min((alpha - 1.0) * u - y - lg + u - math.log(q), 700.0))
+        u = u - min(max((math.log(q) - log_d) / min(slope, -1e-300), -5.0), 5.0)
+    return math.exp(u)
+
+
+def fitted_excess_host(distribution: str, moments, density: float) -> float:
+    """:func:`fitted_excess` with Python floats (``moments = (m, sum w, sum w^2)``)."""
+    m = max(moments[0], 1.0)
+    mean = moments[1] / m
+    var = max(moments[2] / m - mean * mean, 1e-12 * mean * mean + 1e-300)
+    density = min(max(density, 1e-300), 1.0)
+    log_d = math.log(density)
+    if distribution == "exponential":
+        return -mean * log_d
+    ratio = min(max(mean * mean / var, 1e-4), 1e4)
+    if distribution == "gpareto":
+        xi = 0.5 * (1.0 - ratio)
+        sigma = 0.5 * mean * (1.0 + ratio)
+        if abs(xi) < 1e-8:
+            return -sigma * log_d
+        return sigma * math.expm1(-xi * log_d) / xi
+    alpha = min(max(ratio, 0.01), 1e4)
+    beta = var / max(mean, 1e-300)
+    return beta * gamma_upper_quantile_host(alpha, density)
+
+
+def _excess_moments_host(values: np.ndarray, base: float, squares: bool = True) -> Tuple[float, float, float]:
+    """``(m, sum w, sum w^2)`` of ``w = v - base`` over ``v > base`` (``values`` non-negative)."""
+    w = values - np.float32(base)
+    np.maximum(w, 0, out=w)
+    return (float(np.count_nonzero(w)), float(w.sum(dtype=np.float64)),
+            float(np.dot(w, w)) if squares else 0.0)
 
 
 def _excess_moments(values: torch.Tensor, base: torch.Tensor, squares: bool = True) -> torch.Tensor:
@@ -306,4 +396,86 @@ class SIDCoCompressor(ThresholdCompressor):
             prev_log_d, prev_log_kept = log_d, log_kept
             log_d = torch.where(ok, log_d, (log_d + step).clamp(max=0.0))
             threshold = torch.where(ok, threshold, base + fitted_excess(dist, moments, torch.exp(log_d)))
+        return threshold
+
+    # -- CPU host path (float32 with the native kernels) -------------------------------------------
+    def _select_host(self, x: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """:meth:`_select` with host scalars, NumPy and the native kernels: the same stages,
+        fits and refinement rounds, the statistics passes in ``hg_exceedance_moments``, and a
+        stage-1 sample of ``HOST_SAMPLE_MAX`` (16384) entries instead of 65536."""
+        n = x.size
+        squares = self.distribution != "exponential"
+        plan = self._plan(n, k)
+        adaptive = self.stages is None
+        s = min(n, HOST_SAMPLE_MAX)
+        sample = host_abs_sample(x, s, self._host_generator())
+        base = float(sample.min())
+        moments = _excess_moments_host(sample, base, squares)
+        scale = n / s
+        stage = 1
+        density = min(plan[0] / max(moments[0] * scale, 1.0), 1.0)
+        last = (base, moments, density)
+        threshold = base + fitted_excess_host(self._stage_dist(1), moments, density)
+        if adaptive and self.refine > 0:
+            threshold = self._refine_host(sample, plan[0] / scale, threshold, *last, self._stage_dist(1))
+        while stage < len(plan) and plan[stage - 1] > self.compact_density * n:
+            moments = native.exceedance_moments(x, threshold, squares)
+            target = plan[stage]
+            stage += 1
+            density = min(target / max(moments[0], 1.0), 1.0)
+            last = (threshold, moments, density)
+            threshold = threshold + fitted_excess_host(self._stage_dist(stage), moments, density)
+        if stage == len(plan):
+            if adaptive and self.refine > 0 and k * s / n >= _SAMPLE_REFINE_HITS:
+                threshold = self._refine_host(sample, k * s / n, threshold, *last, self._stage_dist(stage))
+            self.last_stages = stage
+            return native.select(x, max(threshold, float(TINY)), False, int(k * 1.25) + 64)
+        idx, val = native.select(x, max(threshold, float(TINY)), False, int(plan[stage - 1] * 1.5) + 64)
+        mcount = idx.size
+        if mcount <= k:
+            self.last_stages = stage
+            return idx, val
+        if adaptive:
+            rest = max(1, math.ceil(math.log(k / mcount) / math.log(self.stage_density)))
+            plan = [mcount * (k / mcount) ** (j / rest) for j in range(1, rest + 1)]
+        else:
+            plan = plan[stage:]
+        values = np.abs(val)
+        last_base, last_moments, last_density = threshold, None, None
+        for target in plan:
+            stage += 1
+            moments = _excess_moments_host(values, threshold, squares)
+            density = min(target / max(moments[0], 1.0), 1.0)
+            last_base, last_moments, last_density = threshold, moments, density
+            threshold = threshold + fitted_excess_host(self._stage_dist(stage), moments, density)
+        if adaptive and self.refine > 0:
+            threshold = self._refine_host(values, k, threshold, last_base, last_moments, last_density,
+                                          self._stage_dist(stage))
+        self.last_stages = stage
+        keep = np.flatnonzero(values >= np.float32(threshold))
+        return idx[keep], val[keep]
+
+    def _refine_host(self, values: np.ndarray, k: float, threshold: float, base: float, moments,
+                     density: float, dist: str) -> float:
+        """:meth:`_refine` with host scalars (it stops at the first round within tolerance,
+        where the torch version's later rounds leave everything unchanged)."""
+        few, many = k * (1.0 - self.tolerance), k * (1.0 + self.tolerance)
+        log_k = math.log(k)
+        log_d = math.log(max(density, 1e-300))
+        prev_log_d = prev_log_kept = None
+        for _ in range(self.refine):
+            at = np.float32(max(threshold, float(TINY)))
+            kept = max(float(np.count_nonzero(values >= at)), 0.5)
+            if few <= kept <= many:
+                break
+            log_kept = math.log(kept)
+            slope = 1.0
+            if prev_log_d is not None:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    slope = float(np.float64(log_kept - prev_log_kept) / np.float64(log_d - prev_log_d))
+                slope = 1.0 if not math.isfinite(slope) else min(max(slope, 0.3), 3.0)
+            step = min(max((log_k - log_kept) / slope, -3.0), 3.0)
+            prev_log_d, prev_log_kept = log_d, log_kept
+            log_d = min(log_d + step, 0.0)
+            threshold = base + fitted_excess_host(dist, moments, math.exp(log_d))
         return threshold

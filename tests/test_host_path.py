@@ -1,0 +1,182 @@
+"""The threshold compressors' CPU host path (issue 17): NumPy arrays, host scalars and the
+native kernels instead of torch ops on 0-dim tensors.  Each piece must compute what its
+torch twin (the path accelerators take) computes; the compressors' contracts (quality,
+threshold sets, multi-level, determinism) are tested on every CPU path in
+test_threshold_compressors.py."""
+import csv
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from horovod_gravac import native
+from horovod_gravac.compressors import DGCCompressor, RedSyncCompressor, SIDCoCompressor, kept_count
+from horovod_gravac.compressors import dgc as dgc_mod
+from horovod_gravac.compressors.dgc import exceedance_moments, host_abs_sample
+from horovod_gravac.compressors.redsync import redsync_search
+from horovod_gravac.compressors.sidco import (fitted_excess, fitted_excess_host, gamma_upper_quantile,
+                                              gamma_upper_quantile_host)
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_native = pytest.mark.skipif(native._LIB is None, reason="native kernels not built")
+
+
+def laplace(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(n, generator=g, dtype=torch.float64) - 0.5
+    return (-torch.sign(u) * torch.log1p(-2.0 * u.abs())).float()
+
+
+@pytest.fixture
+def native_on():
+    previous = native.use("auto")
+    yield
+    native.use(previous)
+
+
+# -- RedSync's search -----------------------------------------------------------------------------
+def _torch_redsync(cand_signed, k, floor, ceil, steps, tolerance):
+    """What redsync.py's torch path does with the candidates: bounds, search, keep."""
+    cand = cand_signed.abs()
+    many = k * (1.0 + tolerance)
+    vmax = cand.max()
+    hi = torch.minimum(vmax, torch.tensor(ceil))
+    hi = torch.where(torch.count_nonzero(cand > hi) > many, vmax, hi)
+    lo = torch.minimum(torch.tensor(floor), hi)
+    thr, _ = redsync_search(cand, k, lo, hi, steps, tolerance)
+    return thr.item(), torch.nonzero(cand > thr).view(-1)
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("k_frac,ceil_q", [(0.5, 0.45), (0.1, 0.08), (0.01, 0.012), (0.3, 0.9)])
+def test_native_redsync_search_equals_the_torch_search(native_on, seed, k_frac, ceil_q):
+    x = laplace(50_000, seed)
+    floor = 0.05
+    val = x[x.abs() >= floor].contiguous()
+    c = val.numel()
+    k = max(1, int(k_frac * c))
+    ceil = float(val.abs().quantile(1.0 - ceil_q))   # ceil_q 0.9: a ceiling far too low (search up to max)
+    steps, tol = 12, 0.02
+    thr_t, keep_t = _torch_redsync(val, k, floor, ceil, steps, tol)
+    idx = np.arange(c, dtype=np.int32)
+    v = val.numpy().copy()
+    idx2, v2, thr_n = native.redsync_search(idx, v, floor, ceil, k * (1 - tol), k * (1 + tol), steps)
+    assert thr_n == pytest.approx(thr_t, rel=0, abs=0)
+    assert sorted(idx2.tolist()) == keep_t.tolist()
+    assert np.array_equal(v2, val.numpy()[idx2])
+    assert len(set(idx2.tolist())) == idx2.size
+
+
+@needs_native
+def test_native_redsync_search_refills_in_order_and_drops_nan(native_on):
+    val = np.array([5.0, -1.0, 3.0, np.nan, -4.0, 2.0, 0.5, 6.0], dtype=np.float32)
+    idx = np.arange(8, dtype=np.int32) * 10
+    # Threshold search with no steps: keep |v| > lo = 2.5.
+    idx2, v2, thr = native.redsync_search(idx, val, 2.5, 10.0, 0, 100, 0)
+    assert thr == 2.5
+    assert sorted(idx2.tolist()) == [0, 20, 40, 70]
+    assert sorted(v2.tolist()) == [-4.0, 3.0, 5.0, 6.0]
+
+
+# -- SIDCo's pieces -------------------------------------------------------------------------------
+@needs_native
+@pytest.mark.parametrize("t", [0.0, 0.3, 2.0, 9.0])
+def test_native_exceedance_moments_equal_the_torch_pass(native_on, t):
+    x = laplace(300_001, 5)
+    x[7] = float("nan")
+    want = exceedance_moments(x[~x.isnan()], torch.tensor(t)).tolist()
+    got = native.exceedance_moments(x.numpy(), t)
+    assert got[0] == want[0]
+    assert got[1] == pytest.approx(want[1], rel=1e-5)
+    assert got[2] == pytest.approx(want[2], rel=1e-5)
+    assert native.exceedance_moments(x.numpy(), t, squares=False)[2] == 0.0
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.2, 1.0, 3.5, 80.0, 5000.0])
+@pytest.mark.parametrize("density", [0.7, 0.25, 1e-3, 1e-7])
+def test_gamma_quantile_host_equals_torch(alpha, density):
+    want = gamma_upper_quantile(torch.tensor(alpha, dtype=torch.float64), torch.tensor(density, dtype=torch.float64))
+    assert gamma_upper_quantile_host(alpha, density) == pytest.approx(float(want), rel=1e-9)
+
+
+@pytest.mark.parametrize("distribution", ["exponential", "gpareto", "gamma"])
+@pytest.mark.parametrize("moments", [(1000.0, 800.0, 2000.0), (50.0, 10.0, 2.5), (1.0, 3.0, 9.0)])
+@pytest.mark.parametrize("density", [0.25, 0.01, 1e-4])
+def test_fitted_excess_host_equals_torch(distribution, moments, density):
+    want = fitted_excess(distribution, torch.tensor(moments, dtype=torch.float64),
+                         torch.tensor(density, dtype=torch.float64))
+    assert fitted_excess_host(distribution, moments, density) == pytest.approx(float(want), rel=1e-9)
+
+
+# -- sampling -------------------------------------------------------------------------------------
+def test_host_sample_is_stratified_and_reproducible():
+    n, s = 100_003, 1000
+    x = np.arange(n, dtype=np.float32)          # |x| = position
+    pos = host_abs_sample(x, s, torch.Generator().manual_seed(1))
+    again = host_abs_sample(x, s, torch.Generator().manual_seed(1))
+    other = host_abs_sample(x, s, torch.Generator().manual_seed(2))
+    d = n // s
+    assert np.array_equal(pos, again) and not np.array_equal(pos, other)
+    assert np.array_equal(pos // d, np.arange(s))   # one position in each stratum [i d, (i + 1) d)
+    assert np.array_equal(host_abs_sample(-x[:500], s, torch.Generator()), x[:500])   # all when s >= n
+
+
+# -- the compressors take it ----------------------------------------------------------------------
+@needs_native
+@pytest.mark.parametrize("make", [DGCCompressor, RedSyncCompressor, SIDCoCompressor])
+@pytest.mark.parametrize("cf", [10, 100, 1000])
+def test_compressors_take_the_host_path_for_cpu_float32(native_on, monkeypatch, make, cf):
+    def torch_path(*args, **kwargs):
+        raise AssertionError("the torch path ran")
+
+    comp = make(cf)
+    monkeypatch.setattr(type(comp), "_select", torch_path)
+    x = laplace(300_000, 2)
+    payload, _ = comp.compress(x)
+    assert 0.8 <= comp.last_quality <= 1.25
+    assert comp.last_quality == payload.values.numel() / kept_count(x.numel(), cf)
+    idx = payload.indices.long()
+    assert torch.equal(payload.values, x[idx]) and idx.unique().numel() == idx.numel()
+    kept = torch.zeros(x.numel(), dtype=torch.bool)
+    kept[idx] = True
+    assert x.abs()[kept].min() >= x.abs()[~kept].max()
+
+
+@needs_native
+def test_host_path_off_for_other_dtypes_and_when_switched_off(monkeypatch):
+    x = laplace(200_000, 3)
+    assert dgc_mod.host_path(x)
+    assert not dgc_mod.host_path(x.double())
+    previous = native.use("off")
+    try:
+        assert not dgc_mod.host_path(x)
+    finally:
+        native.use(previous)
+
+
+# -- the benchmark's size sweep --------------------------------------------------------------------
+def test_benchmark_sweep_reports_every_size_cf_and_compressor(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import compressors as bench
+
+    out = tmp_path / "sweep"
+    stdout = sys.stdout
+    rc = bench.main(["--sweep-only", "--sizes", "20000,70000", "--cfs", "10,100", "--sweep-repeats", "1",
+                     "--compressors", "topk,dgc,redsync,sidco-exp", "--out", str(out)])
+    assert sys.stdout is stdout and rc == 0
+    rows = list(csv.DictReader(open(str(out) + ".csv")))
+    sweep = [r for r in rows if r["table"] == "sweep"]
+    assert {(int(r["numel"]), float(r["cf"]), r["compressor"]) for r in sweep} == {
+        (n, cf, c) for n in (20000, 70000) for cf in (10.0, 100.0) for c in ("topk", "dgc", "redsync", "sidco-exp")}
+    for r in sweep:
+        if r["compressor"] == "topk":
+            assert float(r["compress_per_topk"]) == 1.0 and float(r["cd_per_topk"]) == 1.0
+        assert math.isclose(float(r["compress_per_pass"]), float(r["compress_ms"]) / float(r["stream_ms"]))
+    multi = [r for r in rows if r["table"] == "sweep_multilevel"]
+    assert len(multi) == 2 * 4
+    text = open(str(out) + ".txt").read()
+    assert "Table 0: size sweep" in text and "target(s) failed" in text
