@@ -138,9 +138,10 @@ class JoinSafeExchange:
     at its own slot]`` into one small allreduce (blocking: one latency per step, the
     price of this mode).  Every rank that took part then sees the same mean step time
     and the same averaged norms, and makes the same decision itself.  If the ranks'
-    controller steps differ (a rank sat out steps in ``hvd.join()``, or rank 0 alone
-    loaded a checkpoint), every rank takes the state of the one furthest ahead first.
-    Statistics of step t are filled in when step t+1 starts."""
+    step indices differ (a rank sat out steps in ``hvd.join()``, or rank 0 alone loaded
+    a checkpoint), every rank takes the controller state and step index of the one
+    furthest ahead first.  Static controllers with a shared-seed compressor use it for
+    the step index alone.  Statistics of step t are filled in when step t+1 starts."""
 
     def __init__(self, controller: Controller, name: str, timeout: float, process_set=None):
         self.controller = controller
@@ -165,12 +166,13 @@ class JoinSafeExchange:
 
     def begin_step(self, step_index: int, world: int) -> int:
         """The collective part (every rank, before its step's first bucket).  Returns the
-        step index to use (the furthest rank's, after a resync)."""
+        step index to use (the furthest rank's, after a resync).  Ranks are compared by
+        step index, which also seeds shared-seed compressors (Random-k)."""
         me = comm.group_rank(self.process_set)
         ctrl = self.controller
         step_time = self._pending[1] if self._pending is not None else 0.0
         buf = torch.zeros(2 + world, dtype=torch.float64)
-        buf[0], buf[1], buf[2 + me] = step_time, 1.0, float(ctrl.step + 1)
+        buf[0], buf[1], buf[2 + me] = step_time, 1.0, float(step_index + 1)
         comm.wait(comm.allreduce_sum_async(buf, self.name, self.process_set), self.name, self.timeout)
         active, steps = buf[1].item(), buf[2:].tolist()
         present = [s for s in steps if s > 0]

@@ -218,9 +218,15 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._world = comm.group_size(self.process_set) if self._included else 1
         if hasattr(controller, "set_world_size"):
             controller.set_world_size(self._world)
-        exchange = JoinSafeExchange if self._join_safe else DecisionExchange
-        self._exchange = exchange(controller, f"{self._prefix}.decision", self._timeout,
-                                  self.process_set) if controller.needs_consensus else None
+        # How ranks agree on each step: rank 0's decision broadcast (adaptive controllers),
+        # or in join_safe mode an allreduce that also aligns the step index (shared seeds).
+        self._exchange = None
+        if self._join_safe and (controller.needs_consensus or self._shared_seed):
+            self._exchange = JoinSafeExchange(controller, f"{self._prefix}.decision", self._timeout,
+                                              self.process_set)
+        elif controller.needs_consensus:
+            self._exchange = DecisionExchange(controller, f"{self._prefix}.decision", self._timeout,
+                                              self.process_set)
         if opts["check_consistency"] and self._included and self._world > 1:
             self._check_consistency(floats, sample_compressor)
 
@@ -726,7 +732,11 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             return
         if shared_indices:
             bucket.kind, bucket.payload = "shared", payload
-            self._hold_or_start(bucket, self._allreduce_start(payload.values.clone(), name))
+            values = payload.values.clone()
+            if not self._join_safe:
+                # The step index rides along: every rank must have drawn the same indices.
+                values = torch.cat([values, values.new_tensor([float(self._step_index)])])
+            self._hold_or_start(bucket, self._allreduce_start(values, name))
             self._bytes_sent += 4 * k
             self._floats_sent += k
         else:
@@ -799,6 +809,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             return total.div_(self._world) if f == 1.0 else total.mul_(f / self._world)
         if bucket.kind == "shared":
             out = self._wait_bucket(bucket)
+            if not self._join_safe:
+                out = self._check_shared_step(out)
             aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
             aggregated.index_copy_(0, bucket.payload.indices.long(), out)
             return aggregated
@@ -806,6 +818,20 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if not bucket.with_stats:
             out = self._wire.decompress(out, bucket.wire_ctx)
         return out.float()
+
+    def _check_shared_step(self, out: torch.Tensor) -> torch.Tensor:
+        """Strip the step index that rode with shared-index values; if the ranks' indices
+        differ (a rank sat out steps in ``hvd.join()``), their draws differ too: fail
+        rather than add values at different positions."""
+        got = float(out[-1])
+        want = self._step_index * (self._world if self.op == hvd.Sum else 1)
+        if abs(got - want) > 0.5:
+            raise RuntimeError(
+                f"horovod_gravac: ranks disagree on the step index of a shared-seed compressor "
+                f"(rank {comm.rank()} is at step {self._step_index}; the ranks' combined value is "
+                f"{got:g}), so they drew different indices. This happens when a rank sat out steps "
+                f"in hvd.join(); pass DistributedOptimizer(..., join_safe=True) for uneven data.")
+        return out[:-1]
 
     def _commit_residual(self, bucket, rollback: bool) -> None:
         """residual = g_ef - sent, once the step's collectives are done (or, for a step
@@ -857,7 +883,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                  "step_time": step_time, "compress_time": self._compress_time, "comm_time": comm_time,
                  "nonfinite_buckets": self._nonfinite, "skipped": skipped,
                  "quality": sum(self._quality) / len(self._quality) if self._quality else None}
-        if self._exchange is not None:
+        if self._exchange is not None and ctrl.needs_consensus:
             # No statistics arrived (no bucket, or the carrier changed mid-step because a
             # gradient turned out sparse): the step is not observed, on every rank alike.
             observed = not skipped and self._step_stats is not None
