@@ -34,7 +34,9 @@ assert hvd.size() == 3, "run on 3 ranks"
 def make():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0, process_set=PS)
+    # (hvd.broadcast_parameters has no process_set argument in 0.28.1)
+    for i, p in enumerate(model.state_dict().values()):
+        hvd.broadcast_(p, root_rank=0, name=f"ps.init.{i}", process_set=PS)
     return model
 
 
