@@ -149,6 +149,13 @@ def assert_same(ref, got, what, bitwise=None, atol=1e-6):
             raise AssertionError(f"{what}: differs from hvd.DistributedOptimizer by {diff:.3e} > {atol}")
 
 
+def _record(failures, name, exc):
+    """Keep going after a failed variant; print where it failed (this rank)."""
+    failures.append(f"{name}: {type(exc).__name__}: {exc}")
+    tb = traceback.format_exception(exc)
+    print(f"TRACE [{name}] [rank {RANK}]:\n  " + "  ".join(tb[-4:]).rstrip()[-1500:], flush=True)
+
+
 def release(opt):
     """Remove hooks where the optimizer exposes them (old and new implementation)."""
     for h in getattr(opt, "_hooks", []) or []:
@@ -263,7 +270,7 @@ def check_dense_bitwise_variants():
             assert_same(flat(a), flat(b), f"Dense[{name}]")
             assert_ranks_identical(flat(b), f"Dense[{name}]")
         except Exception as exc:  # keep going: report every variant
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            _record(failures, name, exc)
     if failures:
         raise AssertionError("Dense != hvd.DistributedOptimizer for: " + " | ".join(failures))
 
@@ -373,7 +380,7 @@ def check_compressed_ranks_identical():
                 assert cfs[-1] == 10, f"{name}: stats['cf'] {cfs}"
             release(opt)
         except Exception as exc:
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            _record(failures, name, exc)
     if failures:
         raise AssertionError(" | ".join(failures))
 
@@ -478,7 +485,7 @@ def check_broadcast_optimizer_state_fresh_does_not_step():
                        f"by {(p0 - p1).abs().max():.3e} ({'bitwise' if BITWISE else 'atol 1e-6'} required)"
             assert_ranks_identical(p1, f"broadcast_optimizer_state + {name}")
         except Exception as exc:
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            _record(failures, name, exc)
     if failures:
         raise AssertionError(" | ".join(failures))
 
@@ -519,7 +526,7 @@ def check_resume_recipe():
         try:
             _resume(lambda m: hg_opt(m, controller=ctrl_fn()), name)
         except Exception as exc:
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            _record(failures, name, exc)
     if failures:
         raise AssertionError(" | ".join(failures))
 
@@ -558,7 +565,7 @@ def check_join_uneven_data():
             assert_ranks_identical(flat(model), f"join + {name} + 2 more steps")
             release(opt)
         except Exception as exc:
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            _record(failures, name, exc)
     if failures:
         raise AssertionError(" | ".join(failures))
 
@@ -649,7 +656,7 @@ def check_amp_overflow_on_one_rank_compressed_every_rank_skips():
             assert_ranks_identical(flat(model), f"GradScaler + {name}")
             release(opt)
         except Exception as exc:
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            _record(failures, name, exc)
     if failures:
         raise AssertionError(" | ".join(failures))
 
@@ -675,7 +682,7 @@ def check_amp_grad_scaler_scale_invariant_compressed():
                 f"{name}: growing scale {s_var[:4]}... differs from constant scale by {(p_var - p_const).abs().max():.3e}"
             assert_ranks_identical(p_var, f"grad_scaler + {name}")
         except Exception as exc:
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            _record(failures, name, exc)
     if failures:
         raise AssertionError(" | ".join(failures))
 
@@ -704,7 +711,7 @@ def check_freeze_mid_training():
             assert_ranks_identical(flat(model), f"freeze + {name}")
             release(opt)
         except Exception as exc:
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            _record(failures, name, exc)
     if failures:
         raise AssertionError(" | ".join(failures))
 
@@ -725,7 +732,7 @@ def check_unfreeze_layer_frozen_at_wrap_time():
                  f"{not torch.equal(before, model.fc1.weight.detach())}")
             release(opt)
         except Exception as exc:
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            _record(failures, name, exc)
     if failures:
         raise AssertionError(" | ".join(failures))
 
@@ -761,7 +768,7 @@ def check_add_param_group_after_wrapping():
                  f"{not torch.equal(before, model.extra.weight.detach())}")
             release(opt)
         except Exception as exc:
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            _record(failures, name, exc)
     if failures:
         raise AssertionError(" | ".join(failures))
 
