@@ -642,7 +642,7 @@ def fault_run(kind, timeout):
     if RANK == 1 and kind in ("stats", "decision"):
         # stats: stall just before the statistics-carrying bucket starts its collective;
         # decision: in the decision broadcast.
-        owner, target = {"stats": (opt, "_local_stats"), "decision": (comm, "broadcast_object")}[kind]
+        owner, target = {"stats": (opt, "_local_stats"), "decision": (comm, "broadcast_async_")}[kind]
         original = getattr(owner, target)
 
         def late(*a, **k):
