@@ -613,7 +613,11 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     # -- state -------------------------------------------------------------------------------
     def gravac_state_dict(self) -> dict:
-        """Controller state and residuals (per parameter name, so bucketing may change)."""
+        """Controller state and residuals (per parameter name, so bucketing may change),
+        with ``meta`` (what the state was written for: controller settings, compressor,
+        world size, rank, parameter layout) and a CRC-32 of each residual
+        (``horovod_gravac/checkpoint.py``)."""
+        from . import checkpoint
         self._await_consensus()
         residuals = {}
         for b in self._buckets:
@@ -623,11 +627,34 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                     residuals[name] = buf[s:e].clone()
         return {"controller": self.controller.state_dict(), "residuals": residuals,
                 "step": self._step_index,
-                "lowrank_q": {f"{n}|{r}": q.clone() for (n, r), q in self._lowrank_q.items()}}
+                "lowrank_q": {f"{n}|{r}": q.clone() for (n, r), q in self._lowrank_q.items()},
+                "residual_crc32": checkpoint.residual_checksums(residuals),
+                "meta": checkpoint.optimizer_meta(self, comm.rank())}
 
     def load_gravac_state_dict(self, state: dict) -> None:
+        """Load a state from ``gravac_state_dict``.  Raises ``ValueError`` naming the
+        difference when it was written for another controller, compressor, model layout,
+        rank or world size, or when a residual fails its checksum (nothing is loaded
+        then); ``horovod_gravac.checkpoint.retarget`` re-targets a state on purpose."""
+        from . import checkpoint
         self._await_consensus()   # a late exchange must not overwrite the loaded controller
-        self.controller.load_state_dict(state["controller"])
+        if not isinstance(state, dict) or "residuals" not in state or "step" not in state:
+            raise checkpoint.CheckpointError(
+                f"horovod_gravac: not a GraVAC optimizer state (keys: "
+                f"{sorted(state) if isinstance(state, dict) else type(state).__name__})")
+        checkpoint.check_compatible(state.get("meta"), checkpoint.optimizer_meta(self, comm.rank()))
+        checkpoint.verify_residuals(state)
+        if state["controller"] is not None:   # None: retarget(controller=True), keep ours
+            fresh = copy.deepcopy(self.controller.state_dict())
+            try:
+                self.controller.load_state_dict(state["controller"])
+            except (KeyError, TypeError, ValueError) as exc:
+                self.controller.load_state_dict(fresh)
+                raise checkpoint.CheckpointError(
+                    f"horovod_gravac: the checkpoint's controller state does not fit "
+                    f"{self.controller!r} ({type(exc).__name__}: {exc}); it was written for another "
+                    f"controller. horovod_gravac.checkpoint.retarget(state, controller=True) keeps "
+                    f"this optimizer's own controller instead") from exc
         self._step_index = int(state["step"])
         self._lowrank_q = {(k.rsplit("|", 1)[0], int(k.rsplit("|", 1)[1])): q.clone()
                            for k, q in state.get("lowrank_q", {}).items()}
@@ -637,6 +664,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 for name, (s, e) in zip(b.names, b.offsets):
                     if name in state["residuals"]:
                         buf[s:e].copy_(state["residuals"][name])
+            elif not state["residuals"] and b.index in self._memory.residuals:
+                self._memory.residuals[b.index].zero_()   # a re-targeted state: from zero
 
     def state_dict(self):
         state = super(self.__class__, self).state_dict()
@@ -644,8 +673,13 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict):
+        from . import checkpoint
         state_dict = dict(state_dict)
         gravac = state_dict.pop("gravac", None)
+        if gravac is not None:   # check before anything is loaded
+            if isinstance(gravac, dict) and "meta" in gravac:
+                checkpoint.check_compatible(gravac["meta"], checkpoint.optimizer_meta(self, comm.rank()))
+                checkpoint.verify_residuals(gravac)
         super(self.__class__, self).load_state_dict(state_dict)
         if gravac is not None:
             self.load_gravac_state_dict(gravac)
