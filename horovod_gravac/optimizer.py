@@ -170,13 +170,19 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 "momentum_correction": self._memory.momentum, "local_clip_norm": self.local_clip_norm,
                 "compressor": repr(sample_compressor),
                 "backward_passes_per_step": self.backward_passes_per_step,
-                "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in trainable]}
+                "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in trainable],
+                # The bucket layout (from bucket_cap_mb): every rank must cut the same buckets,
+                # or the collectives of a bucket index carry different tensors.
+                "bucket_cap_mb": {"bucket_sizes": [b.numel for b in self._buckets],
+                                  "bucket_params": [b.names for b in self._buckets]}}
         everyone = comm.allgather_object(mine, name="gravac.consistency", timeout=self._timeout)
         for r, theirs in enumerate(everyone):
             for key in mine:
                 if theirs[key] != everyone[0][key]:
-                    hint = (" Every rank must build its DistributedOptimizers in the same order."
-                            if key == "collective_prefix" else "")
+                    hint = {"collective_prefix": " Every rank must build its DistributedOptimizers "
+                                                     "in the same order.",
+                            "bucket_cap_mb": " The bucket layout differs: every rank must pass the "
+                                             "same bucket_cap_mb."}.get(key, "")
                     raise ValueError(
                         f"horovod_gravac: rank {r} differs from rank 0 in '{key}': "
                         f"{_short(theirs[key])} vs {_short(everyone[0][key])}. All ranks must "

@@ -243,7 +243,7 @@ def test_elastic_state_uses_the_gravac_handler(hvd1):
 # ============================================================ multi-rank
 RELIABILITY = ["inf_gradient_on_one_rank", "nan_gradient_on_all_ranks", "mismatch_parameter_shape",
                "mismatch_parameter_names", "mismatch_compressor", "mismatch_gravac_settings",
-               "mismatch_backward_passes", "mismatch_randomk_seed", "odd_tensors",
+               "mismatch_backward_passes", "mismatch_bucket_cap_mb", "mismatch_randomk_seed", "odd_tensors",
                "bounded_waits_in_normal_training", "elastic_save_restore", "elastic_sync", "elastic_reset_world_size", "elastic_real_reinit"]
 
 
@@ -261,6 +261,13 @@ def test_reliability_checks(np_):
     missing = [c for c in want if c not in _passed(proc)]
     assert proc.returncode == 0 and not missing, \
         f"{np_} ranks: rc={proc.returncode}, failed/missing {missing}\n{proc.stdout[-6000:]}"
+
+
+def test_bucket_cap_mb_mismatch_fails_on_every_rank():
+    """Issue 14 item 3: ranks with different bucket_cap_mb raise ValueError naming it, on
+    every rank, at start-up (no hang, no IndexError later)."""
+    proc = run_ranks(2, CHECKS, "mismatch_bucket_cap_mb", timeout=120)
+    assert proc.returncode == 0 and "PASS mismatch_bucket_cap_mb" in proc.stdout, proc.stdout[-4000:]
 
 
 def test_checkpoint_resume_is_bitwise_identical(tmp_path):

@@ -194,6 +194,15 @@ def check_mismatch_backward_passes():
                                "backward_passes_per_step")
 
 
+def check_mismatch_bucket_cap_mb():
+    """Issue 14 item 3: a rank-dependent bucket_cap_mb cut different buckets and used to
+    pass the start-up check (one rank then failed with an IndexError)."""
+    model = make_model()
+    cap = 0.01 if RANK == 0 else 64.0   # several buckets on rank 0, one elsewhere
+    _expect_failure_everywhere(lambda: hg_opt(model, controller=hg.StaticCF(10), bucket_cap_mb=cap),
+                               "bucket_cap_mb")
+
+
 def check_mismatch_randomk_seed():
     """Ranks whose Random-k seeds differ pick different indices; with shared indices
     the values are summed position-blind, so this must be detected at start-up."""
