@@ -416,6 +416,46 @@ def check_ckpt_resume(root):
         assert not torch.equal(params, ref["params"]), f"{cfg}: tampering went unnoticed"
 
 
+def check_ckpt_rank0_load_then_broadcast():
+    """Issue 14 item 2: the Horovod habit (save on rank 0; load on rank 0; broadcast) still
+    works with the checked state: hvd.broadcast_optimizer_state reads only 'state' and
+    'param_groups' (every rank's wrapped optimizer has state here), and
+    elastic.sync_optimizer_state serves optimizers that are still empty on other ranks."""
+    import tempfile
+    from horovod_gravac import checkpoint
+    from horovod_gravac.elastic import sync_optimizer_state
+    model = make_model()
+    opt = train_steps(model, hg_opt(model, controller=hg.StaticCF(4)), 3)
+    path = Path(tempfile.gettempdir()) / f"gravac_rank0_ckpt_{os.getppid()}.pt"
+    if RANK == 0:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+    hvd.allreduce(torch.zeros(1), name="ckpt.rank0.saved")
+    if RANK == 0:   # into an optimizer that has state on every rank
+        ckpt = checkpoint.load(path)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    momentum = torch.cat([v["momentum_buffer"].reshape(-1) for v in opt.state.values()])
+    assert_identical_across_ranks(momentum, "ckpt.rank0.bcast")
+    release(opt)
+    fresh_model = make_model(seed=9)   # fresh optimizers, empty state on every rank
+    fresh = hg_opt(fresh_model, controller=hg.StaticCF(4))
+    if RANK == 0:
+        ckpt = checkpoint.load(path)
+        fresh_model.load_state_dict(ckpt["model"])
+        fresh.load_state_dict(ckpt["optimizer"])
+    hvd.broadcast_parameters(fresh_model.state_dict(), root_rank=0)
+    sync_optimizer_state(fresh)
+    assert fresh._step_index == 3
+    train_steps(fresh_model, fresh, 2, start=3)
+    assert_identical_across_ranks(flat_params(fresh_model), "ckpt.rank0.sync")
+    release(fresh)
+    hvd.allreduce(torch.zeros(1), name="ckpt.rank0.done")
+    if RANK == 0:
+        path.unlink()
+
+
 # ------------------------------------------------------------------ item 6: elastic
 def _gravac_state(opt):
     s = opt.gravac_state_dict()
