@@ -38,8 +38,10 @@ frozen, and Horovod's own ``shutdown()`` (an ``atexit`` handler) can block for e
 (Open MPI) or for Gloo's receive timeout (30 s).  The first such error therefore registers
 an ``atexit`` handler of its own, which runs before Horovod's: it flushes stdout and
 stderr and runs Horovod's shutdown on a helper thread; if that has not returned within
-``$HOROVOD_GRAVAC_EXIT_GRACE`` seconds (default 10), the process ends with
-``os._exit(1)``, so the launcher sees it fail and ends the job.  Nothing else changes: a
+``$HOROVOD_GRAVAC_EXIT_GRACE`` seconds (default 10), it flushes the ``logging`` handlers
+and ends the process with ``os._exit(1)``, so the launcher sees it fail and ends the job
+(later ``atexit`` handlers and open files' unflushed buffers are skipped then: the
+alternative is a process that never exits).  Nothing else changes: a
 process that catches the error can still save a checkpoint or log before it exits.
 """
 from __future__ import annotations
@@ -135,6 +137,11 @@ def _bounded_shutdown(grace: Optional[float] = None) -> None:
 
     threading.Thread(target=shutdown, name="gravac-bounded-shutdown", daemon=True).start()
     if not done.wait(grace):
+        try:   # os._exit skips the atexit handlers still to come, logging's among them
+            import logging
+            logging.shutdown()
+        except Exception:
+            pass
         try:
             sys.stderr.write(f"horovod_gravac: a collective timed out and Horovod's shutdown did not "
                              f"return within {grace:g} s (${EXIT_GRACE_ENV}); exiting now with "
