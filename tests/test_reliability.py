@@ -509,8 +509,10 @@ def test_frozen_peer_job_ends_within_a_bound(launcher):
                                           after_error=60)
     assert error_at, f"rank 0 reported no error:\n{out[-4000:]}"
     seconds, error = next(_failed_after_lines(out))
-    assert error.startswith("CollectiveTimeoutError"), error
-    assert FAULT_TIMEOUT <= seconds <= FAULT_TIMEOUT + SLACK, (seconds, error)
+    assert error.startswith("CollectiveTimeoutError") and f"timeout {FAULT_TIMEOUT:g} s" in error, error
+    # No lower bound here: rank 0 may already have been waiting, in the overlapped decision
+    # broadcast of the step before, when its step timer started (3.99 s has been seen).
+    assert seconds <= FAULT_TIMEOUT + SLACK, (seconds, error)
     assert after is not None, f"{launcher}: the job was still running 60 s after rank 0's error\n{out[-4000:]}"
     assert rc != 0, out[-4000:]
     bound = EXIT_GRACE + LAUNCHER_KILL_S[launcher] + EXIT_SLACK
