@@ -32,12 +32,26 @@ naming the collective and the time waited, so a rank whose peer died or stalls
 fails with a clear error instead of hanging.  The
 blocking helpers (``allreduce_mean``, ``broadcast_object``, ``allgather_object``)
 are built from asynchronous collectives plus such a wait.
+
+Bounded exit: once a rank has raised :class:`CollectiveTimeoutError`, its peer is dead or
+frozen, and Horovod's own ``shutdown()`` (an ``atexit`` handler) can block for ever on it
+(Open MPI) or for Gloo's receive timeout (30 s).  The first such error therefore registers
+an ``atexit`` handler of its own, which runs before Horovod's: it flushes stdout and
+stderr and runs Horovod's shutdown on a helper thread; if that has not returned within
+``$HOROVOD_GRAVAC_EXIT_GRACE`` seconds (default 10), it flushes the ``logging`` handlers
+and ends the process with ``os._exit(1)``, so the launcher sees it fail and ends the job
+(later ``atexit`` handlers and open files' unflushed buffers are skipped then: the
+alternative is a process that never exits).  Nothing else changes: a
+process that catches the error can still save a checkpoint or log before it exits.
 """
 from __future__ import annotations
 
+import atexit
 import io
 import math
 import os
+import sys
+import threading
 import time
 from contextlib import contextmanager
 from typing import Optional
@@ -46,6 +60,7 @@ import cloudpickle
 import torch
 
 import horovod.torch as hvd
+import horovod.torch as _horovod
 
 from .compressors.base import SparsePayload
 
@@ -55,6 +70,10 @@ TIMEOUT_ENV = "HOROVOD_GRAVAC_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600.0
 #: Shortest pause between polls of a bounded wait (seconds).
 POLL_MIN_SLEEP_S = 2e-5
+#: Environment variable: seconds Horovod's shutdown may take at exit after a collective
+#: timed out, before the process ends itself with ``os._exit(1)``.
+EXIT_GRACE_ENV = "HOROVOD_GRAVAC_EXIT_GRACE"
+DEFAULT_EXIT_GRACE_S = 10.0
 
 
 class CollectiveTimeoutError(TimeoutError):
@@ -71,6 +90,66 @@ class CollectiveTimeoutError(TimeoutError):
             f"after {elapsed:.1f} s (timeout {timeout:g} s). Another rank has "
             f"probably died or stalled. The job cannot continue from here; restart it (from a "
             f"checkpoint). The limit is DistributedOptimizer(timeout_s=...) or ${TIMEOUT_ENV}.")
+
+
+def exit_grace() -> float:
+    """Seconds the exit guard gives Horovod's shutdown (``$HOROVOD_GRAVAC_EXIT_GRACE``,
+    else 10; an unparsable or non-positive value falls back to 10)."""
+    try:
+        grace = float(os.environ.get(EXIT_GRACE_ENV, "").strip() or DEFAULT_EXIT_GRACE_S)
+    except ValueError:
+        return DEFAULT_EXIT_GRACE_S
+    return grace if grace > 0 and not math.isnan(grace) else DEFAULT_EXIT_GRACE_S
+
+
+_exit_guard_lock = threading.Lock()
+_exit_guard_armed = False
+
+
+def arm_exit_guard() -> bool:
+    """Make sure this process ends within :func:`exit_grace` seconds of interpreter exit,
+    even if Horovod's shutdown blocks on a dead peer (called when a collective times out;
+    idempotent).  Registered with ``atexit`` after ``hvd.init()`` registered Horovod's
+    shutdown, so it runs first.  Returns whether it is armed."""
+    global _exit_guard_armed
+    with _exit_guard_lock:
+        if not _exit_guard_armed:
+            atexit.register(_bounded_shutdown)
+            _exit_guard_armed = True
+    return True
+
+
+def _bounded_shutdown(grace: Optional[float] = None) -> None:
+    grace = exit_grace() if grace is None else grace
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:   # a closed or broken stream must not stop the exit
+            pass
+    done = threading.Event()
+
+    def shutdown():
+        try:
+            hvd.shutdown()
+        except Exception:
+            pass
+        done.set()
+
+    threading.Thread(target=shutdown, name="gravac-bounded-shutdown", daemon=True).start()
+    if not done.wait(grace):
+        try:   # os._exit skips the atexit handlers still to come, logging's among them
+            import logging
+            logging.shutdown()
+        except Exception:
+            pass
+        try:
+            sys.stderr.write(f"horovod_gravac: a collective timed out and Horovod's shutdown did not "
+                             f"return within {grace:g} s (${EXIT_GRACE_ENV}); exiting now with "
+                             f"status 1\n")
+            sys.stderr.flush()
+        except Exception:
+            pass
+        os._exit(1)
 
 
 def resolve_timeout(timeout_s=None) -> float:
@@ -295,7 +374,10 @@ def wait(handle, name: str = "collective", timeout: Optional[float] = None,
         while not hvd.poll(handle):
             now = time.monotonic()
             if now >= deadline:
-                raise CollectiveTimeoutError(name, now - start, timeout)
+                error = CollectiveTimeoutError(name, now - start, timeout)
+                if hvd is _horovod:   # the real Horovod (unit tests substitute a fake)
+                    arm_exit_guard()
+                raise error
             # Sleep a small fraction of the time waited so far: the completion is noticed
             # at most ~5 % (and 1 ms) late, and a long wait costs few wake-ups.
             time.sleep(min(max(1e-3, min_sleep), max(min_sleep, 0.05 * (now - start)), deadline - now))

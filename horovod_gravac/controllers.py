@@ -21,8 +21,9 @@ weight of N %), so the one-step lag changes the choice very rarely.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 from .cf import check_cf
 from .gain import EWMA, compression_gain, paper_alpha
@@ -30,6 +31,16 @@ from .policy import make_policy
 from .throughput import ThroughputTable
 
 DENSE = 1.0
+
+#: Most recent entries kept in a controller's ``history`` (GraVAC: one per window check,
+#: Accordion: one per interval).  Older entries are dropped, so a checkpoint's size does
+#: not grow with the number of steps (a GraVAC entry is ~130 bytes pickled, so the
+#: history costs at most ~35 KB).  ``history_count`` still counts every entry ever made.
+HISTORY_MAXLEN = 256
+
+
+def _history(entries=()) -> deque:
+    return deque(entries, maxlen=HISTORY_MAXLEN)
 
 
 @dataclass(frozen=True)
@@ -139,7 +150,8 @@ class GraVAC(Controller):
         batch_size: per-rank samples per step, for T_sys in samples/s (else steps/s x N).
 
     Readable state: ``theta_min``, ``candidate_cf``, ``gain_min``, ``gain_candidate``,
-    ``throughput`` (a ThroughputTable), ``history`` (one entry per window check).
+    ``throughput`` (a ThroughputTable), ``history`` (one entry per window check, the last
+    ``HISTORY_MAXLEN`` of them; ``history_count`` counts all).
     """
 
     needs_consensus = True
@@ -179,7 +191,8 @@ class GraVAC(Controller):
         self._gain_min = EWMA(alpha)
         self._gain_candidate = EWMA(alpha)
         self.throughput = ThroughputTable()
-        self.history: List[dict] = []
+        self.history: deque = _history()
+        self.history_count = 0
         # Nothing is known before the first step: send dense once (gain 1 by definition).
         self.decision = Decision(DENSE, self.theta_min, self.candidate_cf)
 
@@ -261,6 +274,7 @@ class GraVAC(Controller):
                              "next_candidate_cf": self.candidate_cf, "gain_min": g_min,
                              "gain_candidate": g_c, "saturated_at": ideal,
                              "compression_throughput": dict(self.throughput.compression)})
+        self.history_count += 1
 
     def adopt(self, decision: Decision) -> None:
         self.decision = decision
@@ -273,7 +287,8 @@ class GraVAC(Controller):
                       "world_size": self.world_size,
                       "gain_min": self._gain_min.state_dict(),
                       "gain_candidate": self._gain_candidate.state_dict(),
-                      "throughput": self.throughput.state_dict(), "history": list(self.history)})
+                      "throughput": self.throughput.state_dict(), "history": list(self.history),
+                      "history_count": self.history_count})
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -283,7 +298,8 @@ class GraVAC(Controller):
         self._gain_min.load_state_dict(state["gain_min"])
         self._gain_candidate.load_state_dict(state["gain_candidate"])
         self.throughput.load_state_dict(state["throughput"])
-        self.history = list(state["history"])
+        self.history = _history(state["history"])
+        self.history_count = int(state.get("history_count", len(state["history"])))
 
 
 class Accordion(Controller):
@@ -313,7 +329,8 @@ class Accordion(Controller):
         self.threshold, self.interval = float(threshold), interval
         self.previous_norm: Optional[float] = None
         self.critical = True
-        self.history: List[dict] = []
+        self.history: deque = _history()   # the last HISTORY_MAXLEN interval checks
+        self.history_count = 0
         self.decision = Decision(self.low_cf, self.low_cf, self.low_cf)
 
     def config(self) -> dict:
@@ -332,15 +349,17 @@ class Accordion(Controller):
             cf = self.low_cf if self.critical else self.high_cf
             self.decision = Decision(cf, cf, cf)
             self.history.append({"step": self.step, "norm": norm, "critical": self.critical, "cf": cf})
+            self.history_count += 1
         return self.decision
 
     def state_dict(self) -> dict:
         state = super().state_dict()
         state.update({"previous_norm": self.previous_norm, "critical": self.critical,
-                      "history": list(self.history)})
+                      "history": list(self.history), "history_count": self.history_count})
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.previous_norm, self.critical = state["previous_norm"], state["critical"]
-        self.history = list(state["history"])
+        self.history = _history(state["history"])
+        self.history_count = int(state.get("history_count", len(state["history"])))

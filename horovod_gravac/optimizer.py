@@ -250,19 +250,24 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 "momentum_correction": self._memory.momentum, "local_clip_norm": self.local_clip_norm,
                 "compressor": repr(sample_compressor),
                 "backward_passes_per_step": self.backward_passes_per_step,
-                "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in named]}
+                "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
+                # The bucket layout (from bucket_cap_mb and groups): every rank must cut the
+                # same buckets, or the collectives of a bucket index carry different tensors.
+                "bucket_cap_mb": {"bucket_sizes": [b.numel for b in self._buckets],
+                                  "bucket_params": [b.names for b in self._buckets]}}
         mine.update({"op": int(self.op), "gradient_predivide_factor": self.gradient_predivide_factor,
                      "compression": getattr(self._wire, "__name__", type(self._wire).__name__),
                      "sparse_as_dense": self.sparse_as_dense, "nonfinite": self._nonfinite_policy,
-                     "grad_scaler": self._grad_scaler is not None, "join_safe": self._join_safe,
-                     "buckets": [b.names for b in self._buckets]})
+                     "grad_scaler": self._grad_scaler is not None, "join_safe": self._join_safe})
         everyone = comm.allgather_object(mine, name=f"{self._prefix}.consistency", timeout=self._timeout,
                                          process_set=self.process_set)
         for r, theirs in enumerate(everyone):
             for key in mine:
                 if theirs.get(key) != everyone[0].get(key):
-                    hint = {"collective_prefix": " Every rank must build its DistributedOptimizers in the same order.",
-                            "buckets": " Pass the same bucket_cap_mb and groups on every rank."}.get(key, "")
+                    hint = {"collective_prefix": " Every rank must build its DistributedOptimizers "
+                                                 "in the same order.",
+                            "bucket_cap_mb": " The bucket layout differs: every rank must pass the "
+                                             "same bucket_cap_mb (and groups)."}.get(key, "")
                     raise ValueError(
                         f"horovod_gravac: rank {r} differs from rank 0 in '{key}': "
                         f"{_short(theirs.get(key))} vs {_short(everyone[0].get(key))}. All ranks must "
@@ -964,8 +969,12 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     # -- state -------------------------------------------------------------------------------
     def gravac_state_dict(self) -> dict:
-        """Controller state and residuals (per parameter name, so bucketing may change)."""
-        ctrl = self.controller
+        """Controller state and residuals (per parameter name, so bucketing may change),
+        with ``meta`` (what the state was written for: controller settings, compressor,
+        world size, rank, parameter layout) and a CRC-32 of each residual
+        (``horovod_gravac/checkpoint.py``)."""
+        from . import checkpoint
+        ctrl = self.controller   # waits for a decision broadcast in flight
         residuals = {}
         for b in self._buckets:
             buf = self._memory.residuals.get(b.index)
@@ -974,10 +983,33 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                     residuals[name] = buf[s:e].clone()
         return {"controller": ctrl.state_dict(), "residuals": residuals,
                 "step": self._step_index,
-                "lowrank_q": {f"{n}|{r}": q.clone() for (n, r), q in self._lowrank_q.items()}}
+                "lowrank_q": {f"{n}|{r}": q.clone() for (n, r), q in self._lowrank_q.items()},
+                "residual_crc32": checkpoint.residual_checksums(residuals),
+                "meta": checkpoint.optimizer_meta(self, comm.rank())}
 
     def load_gravac_state_dict(self, state: dict) -> None:
-        self.controller.load_state_dict(state["controller"])
+        """Load a state from ``gravac_state_dict``.  Raises ``ValueError`` naming the
+        difference when it was written for another controller, compressor, model layout,
+        rank or world size, or when a residual fails its checksum (nothing is loaded
+        then); ``horovod_gravac.checkpoint.retarget`` re-targets a state on purpose."""
+        from . import checkpoint
+        if not isinstance(state, dict) or "residuals" not in state or "step" not in state:
+            raise checkpoint.CheckpointError(
+                f"horovod_gravac: not a GraVAC optimizer state (keys: "
+                f"{sorted(state) if isinstance(state, dict) else type(state).__name__})")
+        checkpoint.check_compatible(state.get("meta"), checkpoint.optimizer_meta(self, comm.rank()))
+        checkpoint.verify_residuals(state)
+        if state["controller"] is not None:   # None: retarget(controller=True), keep ours
+            fresh = copy.deepcopy(self.controller.state_dict())
+            try:
+                self.controller.load_state_dict(state["controller"])
+            except (KeyError, TypeError, ValueError) as exc:
+                self.controller.load_state_dict(fresh)
+                raise checkpoint.CheckpointError(
+                    f"horovod_gravac: the checkpoint's controller state does not fit "
+                    f"{self.controller!r} ({type(exc).__name__}: {exc}); it was written for another "
+                    f"controller. horovod_gravac.checkpoint.retarget(state, controller=True) keeps "
+                    f"this optimizer's own controller instead") from exc
         self._step_index = int(state["step"])
         self._lowrank_q = {(k.rsplit("|", 1)[0], int(k.rsplit("|", 1)[1])): q.clone()
                            for k, q in state.get("lowrank_q", {}).items()}
@@ -987,6 +1019,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 for name, (s, e) in zip(b.names, b.offsets):
                     if name in state["residuals"]:
                         buf[s:e].copy_(state["residuals"][name])
+            elif not state["residuals"] and b.index in self._memory.residuals:
+                self._memory.residuals[b.index].zero_()   # a re-targeted state: from zero
 
     def state_dict(self):
         state = super(self.__class__, self).state_dict()
@@ -994,8 +1028,13 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict):
+        from . import checkpoint
         state_dict = dict(state_dict)
         gravac = state_dict.pop("gravac", None)
+        if gravac is not None:   # check before anything is loaded
+            if isinstance(gravac, dict) and "meta" in gravac:
+                checkpoint.check_compatible(gravac["meta"], checkpoint.optimizer_meta(self, comm.rank()))
+                checkpoint.verify_residuals(gravac)
         super(self.__class__, self).load_state_dict(state_dict)
         if gravac is not None:
             self.load_gravac_state_dict(gravac)

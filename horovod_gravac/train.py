@@ -588,7 +588,7 @@ def train(args) -> dict:
     if table:
         summary["compression_throughput_table"] = {f"{k:g}": v for k, v in table.items()}
     if getattr(controller, "history", None):
-        summary["controller_history"] = controller.history
+        summary["controller_history"] = list(controller.history)
     log.write_json("summary.json", summary)
     log.close()
     if is_root:

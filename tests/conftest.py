@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from horovod_gravac import native
 
@@ -52,3 +53,22 @@ def cpu_path(request):
     previous = native.use(request.param)
     yield request.param
     native.use(previous)
+
+
+# -- the ``cuda`` marker (issue 14 item 6) ----------------------------------------------------
+CUDA = torch.cuda.is_available()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cuda: needs a CUDA GPU (torch.cuda.is_available()); skipped elsewhere. "
+                   "Run them alone with `pytest -m cuda`, or everything with scripts/gpu_check.sh.")
+
+
+def pytest_collection_modifyitems(config, items):
+    if CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -170,3 +170,39 @@ def test_controllers_import_without_horovod():
             "print(sorted(m for m in sys.modules if m == 'horovod' or m.startswith('horovod.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"importing the controllers loaded Horovod: {out}"
+
+
+# ---------------------------------------------------------------- bounded history
+def _pickled_size(state):
+    import io
+    import pickle
+    buf = io.BytesIO()
+    pickle.dump(state, buf)
+    return buf.tell()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=1, ewma_alpha=1.0),
+    lambda: Accordion(low_cf=10, high_cf=1000, threshold=0.5, interval=1),
+], ids=["GraVAC", "Accordion"])
+def test_history_and_state_dict_stay_bounded(make):
+    """Window/interval 1: one history entry per step.  The state dict must stop growing
+    once the history is full (it grew ~130 KB per 1000 steps before)."""
+    from horovod_gravac.controllers import HISTORY_MAXLEN
+    ctrl = make()
+    sizes = []
+    for block in range(4):
+        for i in range(1000):
+            ctrl.observe(StepObservation(ef_sq=1.0, min_sq=0.9, candidate_sq=0.8, step_time=0.01,
+                                         grad_sq=1.0, accumulated_sq=1.0 + (i % 3)))
+        sizes.append(_pickled_size(ctrl.state_dict()))
+    assert len(ctrl.history) == HISTORY_MAXLEN and ctrl.history_count == 4000
+    assert ctrl.history[-1]["step"] == 4000
+    assert max(sizes) - min(sizes) < 1024, sizes   # flat over 1000..4000 steps
+    # A checkpoint round trip keeps the bound, the newest entries and the count.
+    fresh = make()
+    fresh.load_state_dict(ctrl.state_dict())
+    assert list(fresh.history) == list(ctrl.history) and fresh.history_count == 4000
+    fresh.observe(StepObservation(ef_sq=1.0, min_sq=0.9, candidate_sq=0.8, step_time=0.01,
+                                  grad_sq=1.0, accumulated_sq=1.0))
+    assert len(fresh.history) == HISTORY_MAXLEN

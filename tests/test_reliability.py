@@ -244,7 +244,8 @@ def test_elastic_state_uses_the_gravac_handler(hvd1):
 RELIABILITY = ["inf_gradient_on_one_rank", "nan_gradient_on_all_ranks", "nonfinite_propagates_to_every_rank",
                "mismatch_parameter_shape",
                "mismatch_parameter_names", "mismatch_compressor", "mismatch_gravac_settings",
-               "mismatch_backward_passes", "mismatch_randomk_seed", "odd_tensors",
+               "mismatch_backward_passes", "mismatch_bucket_cap_mb", "mismatch_randomk_seed", "odd_tensors",
+               "ckpt_rank0_load_then_broadcast",
                "bounded_waits_in_normal_training", "elastic_save_restore", "elastic_sync", "elastic_reset_world_size", "elastic_real_reinit"]
 
 
@@ -263,6 +264,13 @@ def test_reliability_checks(np_):
     missing = [c for c in want if c not in _passed(proc)]
     assert proc.returncode == 0 and not missing, \
         f"{np_} ranks: rc={proc.returncode}, failed/missing {missing}\n{proc.stdout[-6000:]}"
+
+
+def test_bucket_cap_mb_mismatch_fails_on_every_rank():
+    """Issue 14 item 3: ranks with different bucket_cap_mb raise ValueError naming it, on
+    every rank, at start-up (no hang, no IndexError later)."""
+    proc = run_ranks(2, CHECKS, "mismatch_bucket_cap_mb", timeout=120)
+    assert proc.returncode == 0 and "PASS mismatch_bucket_cap_mb" in proc.stdout, proc.stdout[-4000:]
 
 
 def test_checkpoint_resume_is_bitwise_identical(tmp_path):
@@ -348,7 +356,8 @@ def test_dead_or_stalled_rank_fails_with_a_clear_error(kind):
     """Rank 1 stalls (sleeps), freezes (SIGSTOP) or exits at step 3; rank 0 must fail
     with an error naming the collective within the timeout, and the job must end."""
     t0 = time.monotonic()
-    # freeze: after the error, process exit waits for Gloo's own 30 s receive timeout.
+    # freeze: after the error the exit guard (comm.arm_exit_guard) ends rank 0 within
+    # $HOROVOD_GRAVAC_EXIT_GRACE (10 s); horovodrun then takes up to 10 s to kill rank 1.
     proc = run_ranks(2, CHECKS, f"fault_{kind}", FAULT_TIMEOUT, timeout=150 if kind == "freeze" else 90)
     wall = time.monotonic() - t0
     assert proc.returncode != 0, proc.stdout[-4000:]
@@ -370,3 +379,152 @@ def test_timeout_from_environment_variable():
     seconds, error = _failed_after(proc)
     assert error.startswith("CollectiveTimeoutError") and "timeout 3 s" in error, error
     assert 3.0 <= seconds <= 3.0 + SLACK
+
+
+# ---------------------------------------------------------------- issue 14 item 1: the job ends
+EXIT_GRACE = 3.0        # $HOROVOD_GRAVAC_EXIT_GRACE for these runs
+# How long the launcher takes to kill the frozen peer once rank 0 has exited: horovodrun's
+# Gloo launcher sends SIGTERM, waits 5 s, kills, then waits up to 5 s more for the rank's
+# shell (GRACEFUL_TERMINATION_TIME_S in horovod/runner/common/util/safe_shell_exec.py);
+# mpirun aborts the job at once.
+LAUNCHER_KILL_S = {"gloo": 10.0, "mpi": 0.0}
+EXIT_SLACK = 6.0        # scheduling noise on 2 busy cores
+_RANK0 = re.compile(r"\[(\d+,)?0\]<std")   # Gloo: [0]<stdout>, Open MPI: [1,0]<stdout>
+
+
+def _launcher_cmd(launcher, script, *args):
+    import os
+    import sys
+    from conftest import horovodrun_path
+    hvdrun = horovodrun_path()
+    if hvdrun is None:
+        pytest.skip("horovodrun is not installed")
+    cmd = [hvdrun, "-np", "2", "-H", "localhost:2"]
+    if launcher == "gloo":
+        cmd.append("--gloo")
+    else:
+        import shutil
+        import horovod.torch as hvd
+        if not hvd.mpi_built() or shutil.which("mpirun") is None:
+            pytest.skip("Horovod was built without MPI, or mpirun is missing")
+        cmd.append("--mpi")
+        if os.geteuid() == 0:
+            cmd.append("--mpi-args=--allow-run-as-root --oversubscribe")
+    return cmd + [sys.executable, str(script), *map(str, args)]
+
+
+def _run_timed(cmd, env, timeout, after_error):
+    """Run ``cmd`` in its own process group; return (rc, output, seconds from the first
+    line in which rank 0 reports its error to the end of the job, or None if the error did
+    not come within ``timeout`` s or the job did not end ``after_error`` s after it)."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    from conftest import ROOT
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+                    PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=full_env, start_new_session=True)
+    lines, error_at = [], []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if not error_at and "FAILED_AFTER" in line and _RANK0.search(line):
+                error_at.append(time.monotonic())
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    start, ended = time.monotonic(), None
+    while True:   # wait up to `timeout` for the error, then up to `after_error` for the end
+        try:
+            proc.wait(timeout=0.2)
+            ended = time.monotonic()
+            break
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if (error_at and now - error_at[0] > after_error) or (not error_at and now - start > timeout):
+                os.killpg(proc.pid, signal.SIGKILL)   # horovodrun, mpirun and every rank
+                os.killpg(proc.pid, signal.SIGCONT)
+                proc.wait()
+                break
+    reader.join(10)
+    after = None if ended is None or not error_at else ended - error_at[0]
+    return proc.returncode, "".join(lines), after, error_at
+
+
+_GUARD_SCRIPT = """
+import sys, time
+from horovod_gravac import comm
+class FakeHorovod:
+    def shutdown(self):
+        if sys.argv[1] == "blocks":
+            time.sleep(600)   # Horovod's shutdown waiting for a frozen peer
+comm.hvd = FakeHorovod()
+comm.arm_exit_guard()
+comm.arm_exit_guard()   # idempotent
+print("armed", flush=True)
+print("unflushed output must survive os._exit", end="")
+"""
+
+
+@pytest.mark.parametrize("shutdown", ["blocks", "returns"])
+def test_exit_guard_bounds_a_blocking_shutdown(shutdown):
+    """The atexit guard: a Horovod shutdown that blocks ends the process with status 1
+    after $HOROVOD_GRAVAC_EXIT_GRACE seconds; one that returns leaves the exit alone."""
+    import os
+    import subprocess
+    import sys
+    from conftest import ROOT
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **{comm.EXIT_GRACE_ENV: "1.5"})
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _GUARD_SCRIPT, shutdown], capture_output=True,
+                          text=True, env=env, timeout=120)
+    wall = time.monotonic() - t0
+    assert "armed" in proc.stdout and "must survive" in proc.stdout, (proc.stdout, proc.stderr)
+    if shutdown == "blocks":
+        assert proc.returncode == 1 and "did not return within 1.5 s" in proc.stderr, proc.stderr
+        assert wall < 60, wall
+    else:
+        assert proc.returncode == 0 and "did not return" not in proc.stderr, proc.stderr
+
+
+def test_exit_grace_setting(monkeypatch):
+    monkeypatch.delenv(comm.EXIT_GRACE_ENV, raising=False)
+    assert comm.exit_grace() == comm.DEFAULT_EXIT_GRACE_S == 10.0
+    monkeypatch.setenv(comm.EXIT_GRACE_ENV, "2.5")
+    assert comm.exit_grace() == 2.5
+    for bad in ("abc", "0", "-1", "nan"):
+        monkeypatch.setenv(comm.EXIT_GRACE_ENV, bad)
+        assert comm.exit_grace() == 10.0
+
+
+@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+def test_frozen_peer_job_ends_within_a_bound(launcher):
+    """Rank 1 freezes (SIGSTOP) at step 3.  Rank 0 raises CollectiveTimeoutError after the
+    timeout; then the whole job must end within $HOROVOD_GRAVAC_EXIT_GRACE plus the
+    launcher's reaction.  Before the exit guard, Horovod's shutdown at interpreter exit
+    blocked for ever under mpirun (the job was still running 175 s later) and for Gloo's
+    30 s receive timeout under Gloo."""
+    cmd = _launcher_cmd(launcher, CHECKS, "fault_freeze", FAULT_TIMEOUT)
+    rc, out, after, error_at = _run_timed(cmd, {comm.EXIT_GRACE_ENV: str(EXIT_GRACE)}, timeout=180,
+                                          after_error=60)
+    assert error_at, f"rank 0 reported no error:\n{out[-4000:]}"
+    seconds, error = next(_failed_after_lines(out))
+    assert error.startswith("CollectiveTimeoutError") and f"timeout {FAULT_TIMEOUT:g} s" in error, error
+    # No lower bound here: rank 0 may already have been waiting, in the overlapped decision
+    # broadcast of the step before, when its step timer started (3.99 s has been seen).
+    assert seconds <= FAULT_TIMEOUT + SLACK, (seconds, error)
+    assert after is not None, f"{launcher}: the job was still running 60 s after rank 0's error\n{out[-4000:]}"
+    assert rc != 0, out[-4000:]
+    bound = EXIT_GRACE + LAUNCHER_KILL_S[launcher] + EXIT_SLACK
+    assert after <= bound, \
+        f"{launcher}: the job ended {after:.1f} s after rank 0's error (bound {bound} s)\n{out[-4000:]}"
+    print(f"{launcher}: rank 0 failed after {seconds:.2f} s; the job ended {after:.1f} s after that")
+
+
+def _failed_after_lines(out):
+    for line in out.splitlines():
+        if _RANK0.search(line) and "FAILED_AFTER" in line:
+            _, seconds, error = line.split("FAILED_AFTER", 1)[1].split(" ", 2)
+            yield float(seconds), error

@@ -226,6 +226,15 @@ def check_mismatch_backward_passes():
                                "backward_passes_per_step")
 
 
+def check_mismatch_bucket_cap_mb():
+    """Issue 14 item 3: a rank-dependent bucket_cap_mb cut different buckets and used to
+    pass the start-up check (one rank then failed with an IndexError)."""
+    model = make_model()
+    cap = 0.01 if RANK == 0 else 64.0   # several buckets on rank 0, one elsewhere
+    _expect_failure_everywhere(lambda: hg_opt(model, controller=hg.StaticCF(10), bucket_cap_mb=cap),
+                               "bucket_cap_mb")
+
+
 def check_mismatch_randomk_seed():
     """Ranks whose Random-k seeds differ pick different indices; with shared indices
     the values are summed position-blind, so this must be detected at start-up."""
@@ -437,6 +446,46 @@ def check_ckpt_resume(root):
         ref = torch.load(_ckpt_path(root, cfg, "final"), weights_only=False)
         params = _resume(root, cfg, configs[cfg], tamper)[0]
         assert not torch.equal(params, ref["params"]), f"{cfg}: tampering went unnoticed"
+
+
+def check_ckpt_rank0_load_then_broadcast():
+    """Issue 14 item 2: the Horovod habit (save on rank 0; load on rank 0; broadcast) still
+    works with the checked state: hvd.broadcast_optimizer_state reads only 'state' and
+    'param_groups' (every rank's wrapped optimizer has state here), and
+    elastic.sync_optimizer_state serves optimizers that are still empty on other ranks."""
+    import tempfile
+    from horovod_gravac import checkpoint
+    from horovod_gravac.elastic import sync_optimizer_state
+    model = make_model()
+    opt = train_steps(model, hg_opt(model, controller=hg.StaticCF(4)), 3)
+    path = Path(tempfile.gettempdir()) / f"gravac_rank0_ckpt_{os.getppid()}.pt"
+    if RANK == 0:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+    hvd.allreduce(torch.zeros(1), name="ckpt.rank0.saved")
+    if RANK == 0:   # into an optimizer that has state on every rank
+        ckpt = checkpoint.load(path)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    momentum = torch.cat([v["momentum_buffer"].reshape(-1) for v in opt.state.values()])
+    assert_identical_across_ranks(momentum, "ckpt.rank0.bcast")
+    release(opt)
+    fresh_model = make_model(seed=9)   # fresh optimizers, empty state on every rank
+    fresh = hg_opt(fresh_model, controller=hg.StaticCF(4))
+    if RANK == 0:
+        ckpt = checkpoint.load(path)
+        fresh_model.load_state_dict(ckpt["model"])
+        fresh.load_state_dict(ckpt["optimizer"])
+    hvd.broadcast_parameters(fresh_model.state_dict(), root_rank=0)
+    sync_optimizer_state(fresh)
+    assert fresh._step_index == 3
+    train_steps(fresh_model, fresh, 2, start=3)
+    assert_identical_across_ranks(flat_params(fresh_model), "ckpt.rank0.sync")
+    release(fresh)
+    hvd.allreduce(torch.zeros(1), name="ckpt.rank0.done")
+    if RANK == 0:
+        path.unlink()
 
 
 # ------------------------------------------------------------------ item 6: elastic

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# GPU readiness check (issue 14 item 6): one command on a machine with an NVIDIA GPU.
+#
+#   bash scripts/gpu_check.sh            # after scripts/setup.sh (or quickstart.sh)
+#
+# NOT YET RUN ON A GPU: no machine used for this project so far had one.  It needs a CUDA
+# build of torch in the virtual environment (scripts/setup.sh installs the CPU wheel; on a
+# GPU machine install the CUDA wheel of the same torch version first, and build Horovod with
+# HOROVOD_GPU_OPERATIONS=NCCL for step 3).
+#
+# Steps (each runs even if an earlier one failed; every result goes to a file):
+#   1. environment: nvidia-smi, torch/CUDA versions, horovodrun --check-build   -> env.txt
+#   2. pytest -m cuda tests/test_cuda.py: every CUDA branch against the CPU      -> pytest_cuda.txt, pytest_cuda.xml
+#   3. the optimizer on CUDA with each compressor, horovodrun with NCCL
+#      (tests/dist/cuda_checks.py; 2 ranks when there are 2 GPUs, else 1 rank:
+#      NCCL refuses two ranks on one GPU; skipped if Horovod has no NCCL)   -> nccl_optimizer.txt
+#   4. the compressor benchmark on the GPU (benchmarks/compressors.py --device cuda;
+#      skipped, with a note, while the benchmark has no --device option)     -> compressors_cuda.txt, .csv
+#   summary.txt: one line per step.  The results folder is printed at the end.
+#
+# Settings (environment): PYTHON (default .venv/bin/python), RESULTS (default
+# reports/gpu_check/<UTC time>), GPU_CHECK_NUMEL (benchmark size, default 25000000),
+# GPU_CHECK_TIMEOUT (seconds per step, default 1800), GPU_CHECK_DRY_RUN=1 (without a GPU: run
+# every step anyway, to check the script itself; it still exits 1).
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+HOROVODRUN=${HOROVODRUN:-$(dirname "$PYTHON")/horovodrun}
+RESULTS=${RESULTS:-$ROOT/reports/gpu_check/$(date -u +%Y%m%dT%H%M%SZ)}
+NUMEL=${GPU_CHECK_NUMEL:-25000000}
+STEP_TIMEOUT=${GPU_CHECK_TIMEOUT:-1800}
+mkdir -p "$RESULTS"
+SUMMARY=$RESULTS/summary.txt
+: > "$SUMMARY"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+FAILED=0
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+step() {   # step NAME OUTFILE COMMAND...: run with a timeout, record its status
+  local name=$1 out=$2; shift 2
+  echo "== $name: $*" | tee "$out"
+  timeout --kill-after=30 "$STEP_TIMEOUT" "$@" >> "$out" 2>&1
+  local rc=$?
+  tail -n 5 "$out"
+  if [ $rc -eq 0 ]; then note "PASS  $name (log: $(basename "$out"))"
+  else note "FAIL  $name: exit status $rc$([ $rc -eq 124 ] && echo ' (timed out)') (log: $(basename "$out"))"; FAILED=1; fi
+  return $rc
+}
+
+if [ ! -x "$PYTHON" ]; then
+  note "FAIL  no Python at $PYTHON (run scripts/setup.sh first, or set PYTHON=...)"
+  echo "results: $RESULTS"; exit 1
+fi
+
+# 1. environment -----------------------------------------------------------------------------
+{
+  echo "date: $(date -u)"; echo "git: $(git rev-parse HEAD 2>/dev/null) $(git status --short 2>/dev/null | wc -l) changed files"
+  command -v nvidia-smi >/dev/null && nvidia-smi || echo "nvidia-smi: not found"
+  "$PYTHON" - <<'EOF'
+import torch
+print("torch", torch.__version__, "built with CUDA", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
+print("cuda available", torch.cuda.is_available(), "devices", torch.cuda.device_count())
+for i in range(torch.cuda.device_count()):
+    print(" ", i, torch.cuda.get_device_name(i), torch.cuda.get_device_capability(i))
+try:
+    import horovod.torch as hvd
+    print("horovod", __import__("horovod").__version__, "nccl_built", hvd.nccl_built(), "cuda_built",
+          hvd.cuda_built(), "mpi_built", hvd.mpi_built(), "gloo_built", hvd.gloo_built())
+except Exception as exc:
+    print("horovod: cannot import:", exc)
+EOF
+  [ -x "$HOROVODRUN" ] && "$HOROVODRUN" --check-build
+} > "$RESULTS/env.txt" 2>&1
+cat "$RESULTS/env.txt"
+CUDA_OK=$("$PYTHON" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+NGPU=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+NCCL=$("$PYTHON" -c "import horovod.torch as h; print(int(h.nccl_built()))" 2>/dev/null || echo 0)
+note "INFO  env: cuda available=$CUDA_OK, GPUs=$NGPU, Horovod NCCL=$NCCL (env.txt)"
+if [ "$CUDA_OK" != 1 ]; then
+  note "FAIL  torch.cuda.is_available() is False: install a CUDA build of torch (and a driver); nothing ran on a GPU"
+  if [ "${GPU_CHECK_DRY_RUN:-0}" != 1 ]; then echo "results: $RESULTS"; exit 1; fi
+  note "INFO  GPU_CHECK_DRY_RUN=1: running the remaining steps anyway to check this script (CUDA tests skip)"
+  FAILED=1
+fi
+
+# 2. every CUDA branch ---------------------------------------------------------------------------
+step "pytest -m cuda (tests/test_cuda.py)" "$RESULTS/pytest_cuda.txt" \
+  "$PYTHON" -m pytest -m cuda -v -rs -p no:cacheprovider tests/test_cuda.py --junitxml="$RESULTS/pytest_cuda.xml"
+
+# 3. the optimizer under horovodrun with NCCL ---------------------------------------------------------
+if [ "$NCCL" != 1 ]; then
+  note "SKIP  NCCL optimizer run: Horovod was built without NCCL (hvd.nccl_built() is False); rebuild it with HOROVOD_GPU_OPERATIONS=NCCL"
+elif [ ! -x "$HOROVODRUN" ]; then
+  note "SKIP  NCCL optimizer run: no horovodrun at $HOROVODRUN"
+else
+  NP=2
+  if [ "$NGPU" -lt 2 ]; then
+    NP=1
+    note "INFO  only $NGPU GPU: the NCCL run uses 1 rank (NCCL refuses two ranks on one GPU); the 2-rank run needs 2 GPUs"
+  fi
+  step "horovodrun -np $NP NCCL optimizer, every compressor (tests/dist/cuda_checks.py)" "$RESULTS/nccl_optimizer.txt" \
+    "$HOROVODRUN" -np "$NP" -H "localhost:$NP" --gloo "$PYTHON" tests/dist/cuda_checks.py
+fi
+
+# 4. the compressor benchmark on the GPU ------------------------------------------------------------
+if "$PYTHON" benchmarks/compressors.py --help 2>/dev/null | grep -q -- "--device"; then
+  step "benchmarks/compressors.py --device cuda" "$RESULTS/compressors_cuda.txt" \
+    "$PYTHON" benchmarks/compressors.py --device cuda --numel "$NUMEL" --csv "$RESULTS/compressors_cuda.csv"
+else
+  note "SKIP  compressor benchmark on the GPU: benchmarks/compressors.py has no --device option in this checkout (it is being added on another branch)"
+fi
+
+echo
+cat "$SUMMARY"
+echo "results: $RESULTS"
+exit $FAILED

@@ -1,0 +1,32 @@
+"""scripts/gpu_check.sh (issue 14 item 6) on a machine without a GPU: it must say so, write
+its results folder, and (dry run) get through every step without dying."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+
+
+def test_gpu_check_script_parses():
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: run scripts/gpu_check.sh itself")
+def test_gpu_check_without_a_gpu_says_so_and_dry_runs_every_step(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable, RESULTS=str(tmp_path / "r"), GPU_CHECK_DRY_RUN="1",
+               GPU_CHECK_TIMEOUT="600")
+    proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    summary = (tmp_path / "r" / "summary.txt").read_text()
+    assert "torch.cuda.is_available() is False" in summary, summary
+    assert "PASS  pytest -m cuda" in summary, summary            # every CUDA test skipped, none failed
+    assert "NCCL optimizer run" in summary, summary               # skipped, with the reason
+    assert "compressor benchmark" in summary or "compressors.py --device cuda" in summary, summary
+    assert (tmp_path / "r" / "env.txt").exists() and f"results: {tmp_path / 'r'}" in out
+    assert "skipped" in (tmp_path / "r" / "pytest_cuda.txt").read_text()
