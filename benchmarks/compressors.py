@@ -2,7 +2,7 @@
 of tensor sizes, estimation quality, wire bytes, and multi-level versus direct compression
 (the GraVAC paper's Table 3).
 
-    .venv/bin/python benchmarks/compressors.py --sweep-only    # the size sweep (issue 17), ~2 min
+    .venv/bin/python benchmarks/compressors.py --sweep-only    # the size sweep, ~2 min
     .venv/bin/python benchmarks/compressors.py --sweep-only --out benchmarks/results/compressors_sweep
     .venv/bin/python benchmarks/compressors.py --sweep-only --device cuda --out /tmp/sweep_gpu
     .venv/bin/python benchmarks/compressors.py                 # sweep, then tables 1-3 at 25M entries
@@ -16,7 +16,7 @@ and 25M entries; Laplace input) and each CF, every compressor is timed compress 
 ('c') and compress + decompress into a reused buffer ('c+d'), interleaved with a
 streaming pass and with exact Top-k on the same tensor within every repeat, and the
 median of ``--sweep-repeats`` (9) is quoted as ratios: to the pass and to Top-k's own
-compress (or compress + decompress).  Targets (issue 17), for DGC, RedSync and SIDCo:
+compress (or compress + decompress).  Targets, for DGC, RedSync and SIDCo:
 at sizes of at least 1M entries, no more than Top-k and at most 2 passes; below 1M, at
 most 2x Top-k; quality within [0.8, 1.25].  Each size also gets the multi-level row
 (compress 10x + compress_further x100 against compress 10x + compress 1000x).
@@ -402,7 +402,7 @@ def run_sweep(args, rows) -> int:
           "everything interleaved)\n"
           "  c = compress alone, cd = compress + decompress into a reused buffer; /p = ratio to one\n"
           "  streaming pass t.abs().max() on the same tensor, /T = ratio to exact Top-k's own c (or cd);\n"
-          "  targets (issue 17): >= 1M entries: <= 1 T and <= 2 p; below 1M: <= 2 T; on c and on cd")
+          "  targets: >= 1M entries: <= 1 T and <= 2 p; below 1M: <= 2 T; on c and on cd")
     header = (f"{'entries':>10} {'CF':>5} {'compressor':<14}{'pass ms':>8} {'c ms':>8} {'c/p':>6} {'c/T':>6} "
               f"{'cd/p':>6} {'cd/T':>6} {'quality':>11} {'target':>13} {'c':>4} {'cd':>4} {'q':>4}")
     print(header + "\n" + "-" * len(header))

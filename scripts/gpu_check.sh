@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU readiness check (issue 14 item 6): one command on a machine with an NVIDIA GPU.
+# GPU readiness check: one command on a machine with an NVIDIA GPU.
 #
 #   bash scripts/gpu_check.sh            # after scripts/setup.sh (or quickstart.sh)
 #

@@ -55,7 +55,7 @@ def cpu_path(request):
     native.use(previous)
 
 
-# -- the ``cuda`` marker (issue 14 item 6) ----------------------------------------------------
+# -- the ``cuda`` marker ----------------------------------------------------
 CUDA = torch.cuda.is_available()
 
 

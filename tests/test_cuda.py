@@ -1,4 +1,4 @@
-"""Every CUDA branch, on a real GPU (issue 14 item 6).  Marked ``cuda``: skipped where
+"""Every CUDA branch, on a real GPU.  Marked ``cuda``: skipped where
 ``torch.cuda.is_available()`` is False (tests/conftest.py), so CI without a GPU passes.
 
 NOT YET RUN ON A GPU: no machine used for this project so far had one.  Run them with

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh (issue 14 item 6) on a machine without a GPU: it must say so, write
+"""scripts/gpu_check.sh on a machine without a GPU: it must say so, write
 its results folder, and (dry run) get through every step without dying."""
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""The threshold compressors' CPU host path (issue 17): NumPy arrays, host scalars and the
+"""The threshold compressors' CPU host path: NumPy arrays, host scalars and the
 native kernels instead of torch ops on 0-dim tensors.  Each piece must compute what its
 torch twin (the path accelerators take) computes; the compressors' contracts (quality,
 threshold sets, multi-level, determinism) are tested on every CPU path in

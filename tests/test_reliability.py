@@ -381,7 +381,7 @@ def test_timeout_from_environment_variable():
     assert 3.0 <= seconds <= 3.0 + SLACK
 
 
-# ---------------------------------------------------------------- issue 14 item 1: the job ends
+# ---------------------------------------------------------------- the job ends
 EXIT_GRACE = 3.0        # $HOROVOD_GRAVAC_EXIT_GRACE for these runs
 # How long the launcher takes to kill the frozen peer once rank 0 has exited: horovodrun's
 # Gloo launcher sends SIGTERM, waits 5 s, kills, then waits up to 5 s more for the rank's

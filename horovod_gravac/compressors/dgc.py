@@ -37,7 +37,7 @@ temporaries cheap there.  Host synchronisations per call are listed in each
 compressor's docstring; a "sync" is any point where the host must know a
 device value, here always the output size of ``nonzero``.
 
-CPU host path (issue 17).  The optimizer compresses buckets of at most 6.5M entries, where
+CPU host path.  The optimizer compresses buckets of at most 6.5M entries, where
 a streaming pass runs in cache (0.06-1.6 ms) and per-call fixed costs decide: torch ops on
 0-dim tensors cost 5-10 us each, a 1 % sample (or ``min_sample_hits * cf`` entries, 400k
 at CF 1000) costs more than the selection, and a search that recounts every candidate per

@@ -1,4 +1,4 @@
-"""The optimizer on CUDA under horovodrun, one GPU per rank (issue 14 item 6).
+"""The optimizer on CUDA under horovodrun, one GPU per rank.
 
 Run by scripts/gpu_check.sh (NOT YET RUN ON A GPU):
 
