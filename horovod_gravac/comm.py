@@ -30,7 +30,7 @@ limit; ``None``: ``$HOROVOD_GRAVAC_TIMEOUT``, else 600 s).  A bounded wait polls
 ``hvd.poll(handle)`` until a deadline and then raises :class:`CollectiveTimeoutError`
 naming the collective and the time waited, so a rank whose peer died or stalls
 fails with a clear error instead of hanging.  The
-blocking helpers (``allreduce_mean``, ``broadcast_object``, ``allgather_object``)
+blocking helpers (``broadcast_object``, ``allgather_object``)
 are built from asynchronous collectives plus such a wait.
 
 Bounded exit: once a rank has raised :class:`CollectiveTimeoutError`, its peer is dead or
@@ -390,12 +390,6 @@ def wait(handle, name: str = "collective", timeout: Optional[float] = None,
                             f"use DistributedOptimizer(..., join_safe=True), which sends everything "
                             f"with allreduce.") from exc
         raise
-
-
-def allreduce_mean(values, name: str, timeout: Optional[float] = None, process_set=None) -> torch.Tensor:
-    """Average a small float64 vector across ranks (one collective, blocking)."""
-    t = torch.as_tensor(values, dtype=torch.float64).clone()
-    return wait(allreduce_async(t, name, process_set=process_set), name, timeout)
 
 
 def _to_bytes(obj) -> torch.Tensor:

@@ -209,10 +209,6 @@ class GraVAC(Controller):
                 "batch_size": self.batch_size}
 
     @property
-    def theta_s(self) -> float:
-        return self.candidate_cf / self.theta_min
-
-    @property
     def gain_min(self) -> Optional[float]:
         return self._gain_min.value
 
