@@ -592,8 +592,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         elif decision.candidate_cf > decision.theta_min:   # multi-level: from g_min, not g_ef
             payload_c = comp_min.compress_further(payload_min, ctx, decision.candidate_cf / decision.theta_min)
         if self._controller.needs_consensus and measure:
-            ef_sq = g_ef.double().dot(g_ef.double()) if g_ef.numel() < 2 ** 16 else \
-                torch.linalg.vector_norm(g_ef, dtype=torch.float64) ** 2
+            ef_sq = _sq(g_ef)
             min_sq = ef_sq if payload_min is None else _sq(payload_min.values)
             c_sq = min_sq if payload_c is payload_min else _sq(payload_c.values)
             self._norms += torch.stack([ef_sq, min_sq, c_sq]).double().cpu()
@@ -1057,17 +1056,21 @@ def _collective_prefix() -> str:
 
 
 def _squared_norm(grads) -> float:
-    """Sum of squared L2 norms, accumulated in float64; NaN/Inf if any entry is NaN/Inf
-    or does not fit float32 (the wire and the residual are float32)."""
+    """Sum of squared L2 norms, as a float64 number; NaN/Inf if any entry is NaN/Inf or does
+    not fit float32 (the wire and the residual are float32).  The fast float32 norms
+    (accumulated in double on the CPU) are recomputed in float64 only when they overflow:
+    a float32 sum of squares past 3.4e38 (CUDA) must not pass for a NaN/Inf gradient."""
     if not grads:
         return 0.0
     dense = [g.to_dense() if g.is_sparse else g for g in grads]
-    norms = torch._foreach_norm(dense, 2, dtype=torch.float64)
-    total = float(torch.stack(list(norms)).pow(2).sum())
-    if math.isfinite(total):
-        for g in dense:   # float64 gradients may hold finite values float32 cannot
-            if g.dtype == torch.float64 and g.numel() and float(g.abs().max()) > _FP32_MAX:
-                return math.inf
+    total = float(torch.stack([n.double() for n in torch._foreach_norm(dense)]).pow(2).sum())
+    if not math.isfinite(total):
+        if not all(_finite(g) for g in dense):
+            return math.inf
+        total = float(sum(torch.linalg.vector_norm(g, dtype=torch.float64) ** 2 for g in dense))
+    for g in dense:   # float64 gradients may hold finite values float32 cannot
+        if g.dtype == torch.float64 and g.numel() and float(g.abs().max()) > _FP32_MAX:
+            return math.inf
     return total
 
 
@@ -1075,8 +1078,13 @@ def _finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t).all()) if t.numel() else True
 
 
-def _sq(values: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(values, dtype=torch.float64) ** 2
+def _sq(t: torch.Tensor) -> torch.Tensor:
+    """Squared L2 norm as a float64 tensor: the fast float32 norm, recomputed in float64
+    only if it overflowed (a finite 1e20 entry squares past float32's range)."""
+    n = torch.linalg.vector_norm(t)
+    if not math.isfinite(float(n)):
+        n = torch.linalg.vector_norm(t, dtype=torch.float64)
+    return n.double() ** 2
 
 
 def _poisoned(payload: SparsePayload, shared_indices: bool, device) -> SparsePayload:
