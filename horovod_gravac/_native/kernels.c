@@ -339,6 +339,23 @@ static int scratch(int64_t size, int32_t **pos, uint32_t **keys) {
     return 0;
 }
 
+/* pos[0..nd) lists the dropped candidates' slots, ascending, and exactly c - nd survive.
+ * Refill the dropped slots below `kept` = c - nd, in order, with the survivors after
+ * position `kept`, so the first `kept` slots hold every survivor. */
+static void fill_dropped(int32_t *idx, float *val, const int32_t *pos, int64_t nd, int64_t kept) {
+    int64_t holes = 0;
+    while (holes < nd && pos[holes] < kept) holes++;
+    int64_t t = holes, src = kept;
+    for (int64_t h = 0; h < holes; h++, src++) {
+        while (t < nd && pos[t] == src) {
+            t++;
+            src++;
+        }
+        idx[pos[h]] = idx[src];
+        val[pos[h]] = val[src];
+    }
+}
+
 /* Keep the k candidates of largest magnitude out of c (idx/val in ascending flat
  * index order), in place in the first k slots: among candidates tied at the k-th
  * magnitude the lowest flat indices stay.  Dropped slots among the first k are
@@ -384,19 +401,7 @@ int hg_drop_smallest(int32_t *idx, float *val, int64_t c, int64_t k, float lower
         pos[nd] = pos[j];
         nd += drop;
     }
-    /* nd == e.  Holes: the dropped slots below k; the tail after k holds exactly as
-     * many survivors, which fill them in order. */
-    int64_t holes = 0;
-    while (holes < nd && pos[holes] < k) holes++;
-    int64_t t = holes, src = k;
-    for (int64_t h = 0; h < holes; h++, src++) {
-        while (t < nd && pos[t] == src) {
-            t++;
-            src++;
-        }
-        idx[pos[h]] = idx[src];
-        val[pos[h]] = val[src];
-    }
+    fill_dropped(idx, val, pos, nd, k);   /* nd == e */
     return 0;
 }
 
@@ -522,18 +527,7 @@ int64_t hg_redsync(int32_t *idx, float *val, int64_t c, float lo, float ceil_, d
         nd += !(mag[j] > lo);
     }
     int64_t kept = c - nd;
-    /* holes: dropped slots below kept; the tail after kept holds as many survivors */
-    int64_t holes = 0;
-    while (holes < nd && pos[holes] < kept) holes++;
-    int64_t t = holes, src = kept;
-    for (int64_t h = 0; h < holes; h++, src++) {
-        while (t < nd && pos[t] == src) {
-            t++;
-            src++;
-        }
-        idx[pos[h]] = idx[src];
-        val[pos[h]] = val[src];
-    }
+    fill_dropped(idx, val, pos, nd, kept);
     return kept;
 }
 
