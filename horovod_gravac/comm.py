@@ -322,8 +322,12 @@ def group_rank(process_set=None) -> int:
 
 def group_root(process_set=None) -> int:
     """Global rank of the process set's first member: the root of our broadcasts."""
+    return _global_rank(0, process_set)
+
+
+def _global_rank(group_rank_: int, process_set=None) -> int:
     ranks = _ps(process_set).ranks
-    return ranks[0] if ranks else 0
+    return ranks[group_rank_] if ranks else group_rank_
 
 
 def allreduce_async(tensor: torch.Tensor, name: str, op=None, prescale_factor: float = 1.0,
@@ -351,13 +355,8 @@ def allgather_async(tensor: torch.Tensor, name: str, process_set=None):
 
 def broadcast_async_(tensor: torch.Tensor, name: str, process_set=None, root: Optional[int] = None):
     """In-place broadcast from ``root`` (a rank of the process set; default its first)."""
-    root_global = group_root(process_set) if root is None else _global_rank(root, process_set)
-    return hvd.broadcast_async_(tensor, root_global, name=name, process_set=_ps(process_set))
-
-
-def _global_rank(group_rank_: int, process_set=None) -> int:
-    ranks = _ps(process_set).ranks
-    return ranks[group_rank_] if ranks else group_rank_
+    return hvd.broadcast_async_(tensor, _global_rank(root or 0, process_set), name=name,
+                                process_set=_ps(process_set))
 
 
 def wait(handle, name: str = "collective", timeout: Optional[float] = None,

@@ -50,19 +50,34 @@ def observation(step_stats: List[float], step_time: float, world: int, at_bounda
         finite=step_stats[5] == 0.0 and all(map(math.isfinite, step_stats)))
 
 
-class DecisionExchange:
-    """Rank 0's decision for the next step, broadcast asynchronously (see module doc)."""
+class _Exchange:
+    """What both ways of agreeing share: the controller, the collective's name and bound,
+    the process set, and the step whose observation is still pending."""
 
     def __init__(self, controller: Controller, name: str, timeout: float, process_set=None):
         self.controller = controller
         self.name = name
         self.timeout = timeout
         self.process_set = process_set
-        self._pending = None   # (handle, buffer, step_stats, at_boundary, observe, stats)
+        self._pending = None
 
-    @property
-    def pending(self) -> bool:
-        return self._pending is not None
+    def drop(self) -> None:
+        """Forget the step in flight (elastic recovery: its collective died with the old world)."""
+        self._pending = None
+
+    def _fill_stats(self, stats: dict) -> None:
+        """The consensus keys of ``optimizer.stats`` (``CONSENSUS_STATS``), once decided."""
+        ctrl = self.controller
+        stats.update({"gain_min": getattr(ctrl, "gain_min", None),
+                      "gain_candidate": getattr(ctrl, "gain_candidate", None),
+                      "system_throughput": ctrl.last.get("system_throughput"),
+                      "compression_throughput": ctrl.last.get("compression_throughput"),
+                      "next_cf": ctrl.decision.send_cf})
+
+
+class DecisionExchange(_Exchange):
+    """Rank 0's decision for the next step, broadcast asynchronously (see module doc).
+    Pending: (handle, buffer, step_stats, world, at_boundary, stats)."""
 
     def is_root(self) -> bool:
         return comm.group_rank(self.process_set) == 0
@@ -100,15 +115,7 @@ class DecisionExchange:
                 warnings.warn(f"horovod_gravac: rank {comm.rank()} decided {mine} but rank 0 "
                               f"decided {agreed}; following rank 0")
         ctrl.adopt(agreed)
-        stats.update({"gain_min": getattr(ctrl, "gain_min", None),
-                      "gain_candidate": getattr(ctrl, "gain_candidate", None),
-                      "system_throughput": ctrl.last.get("system_throughput"),
-                      "compression_throughput": ctrl.last.get("compression_throughput"),
-                      "next_cf": agreed.send_cf})
-
-    def drop(self) -> None:
-        """Forget a broadcast in flight (elastic recovery: it died with the old world)."""
-        self._pending = None
+        self._fill_stats(stats)
 
     def sync_state(self, step_index: int, name: str) -> int:
         """Every rank takes rank 0's controller state and step index (once, before the
@@ -129,7 +136,7 @@ def sync_step_index(step_index: int, name: str, timeout: float, process_set=None
 
 
 
-class JoinSafeExchange:
+class JoinSafeExchange(_Exchange):
     """Consensus that ``hvd.join()`` allows (``DistributedOptimizer(join_safe=True)``).
 
     Horovod's join lets a rank that ran out of data sit out the others' allreduces (it
@@ -141,18 +148,8 @@ class JoinSafeExchange:
     step indices differ (a rank sat out steps in ``hvd.join()``, or rank 0 alone loaded
     a checkpoint), every rank takes the controller state and step index of the one
     furthest ahead first.  Static controllers with a shared-seed compressor use it for
-    the step index alone.  Statistics of step t are filled in when step t+1 starts."""
-
-    def __init__(self, controller: Controller, name: str, timeout: float, process_set=None):
-        self.controller = controller
-        self.name = name
-        self.timeout = timeout
-        self.process_set = process_set
-        self._pending = None   # (step_stats, step_time, world, at_boundary, observe, stats)
-
-    @property
-    def pending(self) -> bool:
-        return self._pending is not None
+    the step index alone.  Statistics of step t are filled in when step t+1 starts.
+    Pending: (step_stats, step_time, world, at_boundary, observe, stats)."""
 
     def start(self, step_stats: List[float], step_time: float, world: int, at_boundary: bool,
               observe: bool, stats: dict) -> None:
@@ -160,9 +157,6 @@ class JoinSafeExchange:
 
     def finish(self) -> None:
         """Nothing to wait for: the exchange runs in :meth:`begin_step`, on every rank."""
-
-    def drop(self) -> None:
-        self._pending = None
 
     def begin_step(self, step_index: int, world: int) -> int:
         """The collective part (every rank, before its step's first bucket).  Returns the
@@ -190,9 +184,5 @@ class JoinSafeExchange:
             self._pending = None
             if observe:
                 ctrl.observe(observation(step_stats, buf[0].item() / max(active, 1.0), world_, at_boundary))
-            stats.update({"gain_min": getattr(ctrl, "gain_min", None),
-                          "gain_candidate": getattr(ctrl, "gain_candidate", None),
-                          "system_throughput": ctrl.last.get("system_throughput"),
-                          "compression_throughput": ctrl.last.get("compression_throughput"),
-                          "next_cf": ctrl.decision.send_cf})
+            self._fill_stats(stats)
         return step_index

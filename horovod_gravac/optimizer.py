@@ -352,7 +352,12 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         scaler = self._grad_scaler
         self._scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
         for b in self._buckets:
-            b.expected = sum(1 for p in b.params if p.requires_grad and id(p) in self._hooked)
+            b.expected = self._hooks_to_wait_for(b)
+
+    def _hooks_to_wait_for(self, bucket) -> int:
+        """Hooks that fire for the bucket this step: its parameters that need a gradient
+        and have a hook (a parameter unfrozen since the last step has none yet)."""
+        return sum(1 for p in bucket.params if p.requires_grad and id(p) in self._hooked)
 
     def _reset_step_counters(self):
         self._norms = torch.zeros(3, dtype=torch.float64)   # ||g_ef||^2, ||g_min||^2, ||g_c||^2
@@ -379,7 +384,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         info["handles"] = (
             comm.allgather_async(grad._indices().transpose(0, 1).contiguous(), name + ".indices", self.process_set),
             comm.allgather_async(grad._values(), name + ".values", self.process_set))
-        info["layout"] = grad
+        if info["empty"] is None:   # what to send on a step without a gradient here
+            info["empty"] = torch.sparse_coo_tensor(grad._indices()[:, :0], grad._values()[:0], grad.size())
         self._bytes_sent += grad._values().numel() * grad._values().element_size() \
             + grad._indices().numel() * 8
         self._floats_sent += grad._values().numel()
@@ -392,21 +398,20 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if old is not None:   # keep the other parameters' residuals
             self._memory.residuals[bucket.index] = torch.cat([old[:start], old[end:]])
             self._memory.velocities.pop(bucket.index, None)
-        bucket.expected = sum(1 for q in bucket.params if q.requires_grad and id(q) in self._hooked)
+        bucket.expected = self._hooks_to_wait_for(bucket)
         if not bucket.params:
             self._buckets.remove(bucket)
             if self._carrier is bucket:
                 self._carrier = self._buckets[-1] if self._buckets else None
         elif bucket.ready >= bucket.expected and bucket.kind is None and bucket.ready > 0:
             self._launch(bucket)
-        return {"name": name, "handles": None, "layout": None}
+        return {"name": name, "handles": None, "empty": None}
 
     def _finish_sparse(self, p, info) -> None:
         if info["handles"] is None:   # no gradient here this step: send an empty one
-            if info["layout"] is None:
+            if info["empty"] is None:
                 return
-            t = info["layout"]
-            p.grad = torch.sparse_coo_tensor(t._indices()[:, :0], t._values()[:0], t.size())
+            p.grad = info["empty"].clone()
             self._launch_sparse(p)
         h_idx, h_val = info["handles"]
         name = f"{self._prefix}.sparse.{info['name']}"
@@ -418,7 +423,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             if indices.dim() and values.dim() else grad.new().resize_as_(grad)
         p.grad.zero_().add_(aggregated)
         info["handles"] = None
-        self._delay[p] = self.backward_passes_per_step
 
     # -- launching a bucket ----------------------------------------------------------------
     def _bucket_grads(self, bucket) -> List[Optional[torch.Tensor]]:
@@ -559,15 +563,17 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
-    def _allreduce_start(self, tensor, name):
-        """``start`` of an in-place allreduce, or of a copy with the statistics appended."""
-        pre, post = self._scale_factors()
+    def _allreduce_start(self, tensor, name, mean: bool = False):
+        """``start`` of an in-place allreduce, or of a copy with the statistics appended:
+        with the user's ``op`` and predivide factors, or (``mean``) a plain average, which
+        PowerSGD's phases need."""
+        op, (pre, post) = (hvd.Average, (1.0, 1.0)) if mean else (self.op, self._scale_factors())
 
         def start(stats):
             if stats is None:
-                return comm.allreduce_async(tensor, name, self.op, pre, post, self.process_set)
+                return comm.allreduce_async(tensor, name, op, pre, post, self.process_set)
             self._control_bytes += 4 * N_STATS
-            return comm.allreduce_async(comm.with_stats(tensor, stats), name, self.op, pre, post,
+            return comm.allreduce_async(comm.with_stats(tensor, stats), name, op, pre, post,
                                         self.process_set)
         return start
 
@@ -646,19 +652,9 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         buf = torch.cat(parts)
         bucket.kind = "lowrank"
         bucket.lowrank = {"plan": plan, "g_ef": g_ef, "name": name}
-        self._hold_or_start(bucket, self._mean_start(buf, name + ".P"))
+        self._hold_or_start(bucket, self._allreduce_start(buf, name + ".P", mean=True))
         self._bytes_sent += 4 * buf.numel()
         self._floats_sent += buf.numel()
-
-    def _mean_start(self, tensor, name):
-        """Like ``_allreduce_start`` but always an average (PowerSGD's phases need it)."""
-        def start(stats):
-            if stats is None:
-                return comm.allreduce_async(tensor, name, hvd.Average, process_set=self.process_set)
-            self._control_bytes += 4 * N_STATS
-            return comm.allreduce_async(comm.with_stats(tensor, stats), name, hvd.Average,
-                                        process_set=self.process_set)
-        return start
 
     def _lowrank_phase2(self, bucket):
         """Orthonormalize the averaged P, Q = M^T P, and start the Q allreduce."""
@@ -1062,13 +1058,12 @@ def _squared_norm(grads) -> float:
     a float32 sum of squares past 3.4e38 (CUDA) must not pass for a NaN/Inf gradient."""
     if not grads:
         return 0.0
-    dense = [g.to_dense() if g.is_sparse else g for g in grads]
-    total = float(torch.stack([n.double() for n in torch._foreach_norm(dense)]).pow(2).sum())
+    total = float(torch.stack([n.double() for n in torch._foreach_norm(grads)]).pow(2).sum())
     if not math.isfinite(total):
-        if not all(_finite(g) for g in dense):
+        if not all(_finite(g) for g in grads):
             return math.inf
-        total = float(sum(torch.linalg.vector_norm(g, dtype=torch.float64) ** 2 for g in dense))
-    for g in dense:   # float64 gradients may hold finite values float32 cannot
+        total = float(sum(torch.linalg.vector_norm(g, dtype=torch.float64) ** 2 for g in grads))
+    for g in grads:   # float64 gradients may hold finite values float32 cannot
         if g.dtype == torch.float64 and g.numel() and float(g.abs().max()) > _FP32_MAX:
             return math.inf
     return total
