@@ -38,6 +38,9 @@ DENSE = 1.0
 #: history costs at most ~35 KB).  ``history_count`` still counts every entry ever made.
 HISTORY_MAXLEN = 256
 
+#: GraVAC's rule sets: Algorithm 1 as published, and the ladder variant.
+VARIANTS = ("paper", "ladder")
+
 
 def _history(entries=()) -> deque:
     return deque(entries, maxlen=HISTORY_MAXLEN)
@@ -148,6 +151,13 @@ class GraVAC(Controller):
         ewma_alpha: gain smoothing factor; None = the paper's N/100 for N ranks
             (set by the optimizer through ``set_world_size``).
         batch_size: per-rank samples per step, for T_sys in samples/s (else steps/s x N).
+        variant: ``"paper"``: Algorithm 1 as published.  ``"ladder"``: theta_min and the
+            candidate move along the ladder together (see ``_check_ladder``): theta_min is
+            the highest CF known to pass epsilon and is what a step sends when the
+            candidate does not pay; gains start as running means; window throughputs
+            are medians and are re-measured when stale.
+        remeasure_windows: ``"ladder"`` only: a CF whose compression throughput is older
+            than this many windows is sent again for a window before it is compared.
 
     Readable state: ``theta_min``, ``candidate_cf``, ``gain_min``, ``gain_candidate``,
     ``throughput`` (a ThroughputTable), ``history`` (one entry per window check, the last
@@ -158,8 +168,14 @@ class GraVAC(Controller):
 
     def __init__(self, theta_min: float = 10.0, theta_max: float = 1000.0, epsilon: float = 0.7,
                  omega: float = 0.01, window: int = 500, policy="exponential",
-                 ewma_alpha: Optional[float] = None, batch_size: Optional[int] = None):
+                 ewma_alpha: Optional[float] = None, batch_size: Optional[int] = None,
+                 variant: str = "paper", remeasure_windows: int = 4):
         super().__init__()
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if isinstance(remeasure_windows, bool) or not isinstance(remeasure_windows, int) \
+                or remeasure_windows < 1:
+            raise ValueError(f"remeasure_windows must be an integer >= 1, got {remeasure_windows!r}")
         self.theta_min0 = check_cf(theta_min, "theta_min")
         self.theta_max = check_cf(theta_max, "theta_max")
         if self.theta_max < self.theta_min0:
@@ -183,14 +199,18 @@ class GraVAC(Controller):
         self.policy = make_policy(policy)
         self.ewma_alpha = ewma_alpha
         self.batch_size = batch_size
+        self.variant = variant
+        self.remeasure_windows = remeasure_windows
         self.world_size = 1
+        ladder = variant == "ladder"
 
         self.theta_min = self.theta_min0
-        self.candidate_cf = self.theta_min0     # theta_s = 1 in the first window
+        # paper: theta_s = 1 in the first window; ladder: the candidate is always the next rung.
+        self.candidate_cf = self._rung_above(self.theta_min0) if ladder else self.theta_min0
         alpha = ewma_alpha if ewma_alpha is not None else paper_alpha(1)
-        self._gain_min = EWMA(alpha)
-        self._gain_candidate = EWMA(alpha)
-        self.throughput = ThroughputTable()
+        self._gain_min = EWMA(alpha, warm_start=ladder)
+        self._gain_candidate = EWMA(alpha, warm_start=ladder)
+        self.throughput = ThroughputTable("median" if ladder else "mean")
         self.history: deque = _history()
         self.history_count = 0
         # Nothing is known before the first step: send dense once (gain 1 by definition).
@@ -206,7 +226,8 @@ class GraVAC(Controller):
         return {"type": "GraVAC", "theta_min": self.theta_min0, "theta_max": self.theta_max,
                 "epsilon": self.epsilon, "omega": self.omega, "window": self.window,
                 "policy": repr(self.policy), "ewma_alpha": self.ewma_alpha,
-                "batch_size": self.batch_size}
+                "batch_size": self.batch_size, "variant": self.variant,
+                "remeasure_windows": self.remeasure_windows}
 
     @property
     def gain_min(self) -> Optional[float]:
@@ -232,8 +253,11 @@ class GraVAC(Controller):
             t_comp = self.throughput.record(sent.send_cf, t_sys, gain_sent)
             self.last = {"system_throughput": t_sys, "compression_throughput": t_comp}
         if self.step % self.window == 0:
-            self._check_gravac()
-        self.decision = self._choose()
+            if self.variant == "ladder":
+                self._check_ladder()
+            else:
+                self._check_gravac()
+        self.decision = self._choose_ladder() if self.variant == "ladder" else self._choose()
         return self.decision
 
     def _choose(self) -> Decision:
@@ -269,6 +293,80 @@ class GraVAC(Controller):
         self.history.append({"step": self.step, "evaluated_cf": evaluated, "theta_min": self.theta_min,
                              "next_candidate_cf": self.candidate_cf, "gain_min": g_min,
                              "gain_candidate": g_c, "saturated_at": ideal,
+                             "compression_throughput": dict(self.throughput.compression)})
+        self.history_count += 1
+
+    # -- the "ladder" variant ------------------------------------------------------
+    # Measured with the paper's rules (issue traces of a 1D CNN, epsilon 0.7): the
+    # candidate climbs 10 -> 20 -> 40 -> 160 -> 1000, 20 and 40 pass epsilon, 160 and
+    # 1000 do not, and every later step is sent at theta_min = 10, because nothing
+    # returns to the CFs that passed (theta_min only moves when two gains are within
+    # omega).  Here theta_min is instead the highest CF that passed, so a failed rung
+    # costs one window, not the rest of training.
+
+    def _rung_above(self, cf: float) -> float:
+        return self.policy.next_cf(cf, self.theta_min0, self.theta_max)
+
+    def _rung_below(self, cf: float) -> float:
+        lower = [r for r in self.policy.ladder(self.theta_min0, self.theta_max) if r < cf * (1 - 1e-9)]
+        return lower[-1] if lower else cf
+
+    def _fresh(self, cf: float) -> bool:
+        age = self.throughput.age(cf)
+        return age is not None and age < self.remeasure_windows
+
+    def _candidate_pays(self) -> bool:
+        """Send the candidate rather than theta_min?  theta_min's compression throughput is
+        measured first (a window), then the candidate's whenever it is unknown or stale;
+        once both are known, only if the candidate's beats theta_min's by omega."""
+        c, m = self.candidate_cf, self.theta_min
+        if c == m:
+            return True
+        if not self._fresh(m):
+            return False
+        if not self._fresh(c):
+            return True
+        return self.throughput.compression[c] > self.throughput.compression[m] * (1 + self.omega)
+
+    def _choose_ladder(self) -> Decision:
+        g_c, g_min = self.gain_candidate, self.gain_min
+        if g_c is not None and g_c >= self.epsilon and self._candidate_pays():
+            send = self.candidate_cf
+        elif g_min is not None and g_min >= self.epsilon:
+            send = self.theta_min
+        else:
+            send = DENSE
+        return Decision(send, self.theta_min, self.candidate_cf)
+
+    def _check_ladder(self) -> None:
+        """Every ``window`` steps: step down if theta_min lost too much, up if the candidate
+        passes epsilon and its measured compression throughput beats theta_min's."""
+        evaluated = self.candidate_cf
+        g_min, g_c = self.gain_min, self.gain_candidate
+        self.throughput.close_window()
+        move = "stay"
+        if g_min is not None and g_min < self.epsilon and self.theta_min > self.theta_min0:
+            # theta_min no longer passes: the rung below becomes theta_min; the old one is
+            # the candidate again, with the gain just measured for it.
+            self.candidate_cf, self.theta_min = self.theta_min, self._rung_below(self.theta_min)
+            self._gain_candidate.reset(g_min, self._gain_min.count)
+            self._gain_min.reset(None)
+            move = "down"
+        elif g_c is not None and g_c >= self.epsilon and evaluated > self.theta_min \
+                and self.throughput.age(evaluated) == 0 and self._fresh(self.theta_min) \
+                and self.throughput.compression[evaluated] \
+                > self.throughput.compression[self.theta_min] * (1 + self.omega):
+            # The candidate passed and was sent in this window at a better compression
+            # throughput: it becomes theta_min, the next rung the candidate.
+            self.theta_min = evaluated
+            self._gain_min.reset(g_c, self._gain_candidate.count)
+            self.candidate_cf = self._rung_above(evaluated)
+            if self.candidate_cf != evaluated:
+                self._gain_candidate.reset(None)
+            move = "up"
+        self.history.append({"step": self.step, "evaluated_cf": evaluated, "theta_min": self.theta_min,
+                             "next_candidate_cf": self.candidate_cf, "gain_min": g_min,
+                             "gain_candidate": g_c, "move": move,
                              "compression_throughput": dict(self.throughput.compression)})
         self.history_count += 1
 

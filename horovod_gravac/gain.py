@@ -30,26 +30,43 @@ class EWMA:
     ``value = alpha * x + (1 - alpha) * value``; the first ``update`` sets the value
     (no zero start, no warm-up window that returns 0).  ``value`` is ``None`` until
     then.
+
+    ``warm_start=True`` uses the running mean of the first observations until ``1/n``
+    falls below ``alpha`` (weight ``max(alpha, 1/n)`` for the n-th).  With the paper's
+    small factor (0.02 for two ranks) the plain form keeps the first, single-step gain
+    at 36 % weight after 50 steps; a gain measured for a new CF then reads one noisy
+    step for most of a short window.
     """
 
-    def __init__(self, alpha: float):
+    def __init__(self, alpha: float, warm_start: bool = False):
         if not (0.0 < alpha <= 1.0):
             raise ValueError(f"ewma_alpha must be in (0, 1], got {alpha!r}")
         self.alpha = float(alpha)
+        self.warm_start = bool(warm_start)
         self.value: Optional[float] = None
+        self.count = 0          # observations since the last reset
 
     def update(self, x: float) -> float:
-        self.value = x if self.value is None else self.alpha * x + (1.0 - self.alpha) * self.value
+        self.count += 1
+        if self.value is None:
+            self.value = x
+        else:
+            weight = max(self.alpha, 1.0 / self.count) if self.warm_start else self.alpha
+            self.value = weight * x + (1.0 - weight) * self.value
         return self.value
 
-    def reset(self, value: Optional[float] = None) -> None:
+    def reset(self, value: Optional[float] = None, count: int = 1) -> None:
+        """Forget the history; a given ``value`` counts as ``count`` observations (the
+        ones it was averaged from, when it is another EWMA's value)."""
         self.value = value
+        self.count = 0 if value is None else max(1, int(count))
 
     def state_dict(self) -> dict:
-        return {"alpha": self.alpha, "value": self.value}
+        return {"alpha": self.alpha, "value": self.value, "count": self.count}
 
     def load_state_dict(self, state: dict) -> None:
         self.alpha, self.value = float(state["alpha"]), state["value"]
+        self.count = int(state.get("count", 0 if self.value is None else 1))
 
 
 def paper_alpha(world_size: int) -> float:

@@ -30,9 +30,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["Bottleneck", "ResNet", "resnet101", "VGG", "vgg16", "LSTMLanguageModel", "lstm_lm",
-           "TinyCNN", "tiny_lstm", "HashedNGram", "build_model", "count_parameters", "MODEL_NAMES"]
+           "TinyCNN", "tiny_lstm", "CNN1d", "RowLSTM", "HashedNGram", "build_model", "count_parameters", "MODEL_NAMES"]
 
-MODEL_NAMES = ("resnet101", "vgg16", "lstm", "tinycnn", "tinylstm", "ngram")
+MODEL_NAMES = ("resnet101", "vgg16", "lstm", "tinycnn", "tinylstm", "ngram", "cnn1d", "rowlstm")
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -291,6 +291,46 @@ class HashedNGram(nn.Module):
         return self.fc(self.embedding(ids))
 
 
+class CNN1d(nn.Module):
+    """A VGG-like 1D CNN that reads an image as a sequence of its pixels (8x8 digits: 64
+    steps, one channel): three conv-BN-ReLU pairs with max-pools, then two linear layers.
+    As in VGG, most parameters (1.4M of 1.4M at width 64) sit in the first linear layer,
+    so a whole-model gradient is one large, dense bucket.
+    """
+
+    def __init__(self, num_classes: int = 10, width: int = 64, in_channels: int = 1, length: int = 64,
+                 hidden: int = 512):
+        super().__init__()
+        layers, c_in = [], in_channels
+        for c_out in (width, 2 * width, 4 * width):
+            layers += [nn.Conv1d(c_in, c_out, 3, padding=1), nn.BatchNorm1d(c_out), nn.ReLU(inplace=True),
+                       nn.Conv1d(c_out, c_out, 3, padding=1), nn.BatchNorm1d(c_out), nn.ReLU(inplace=True),
+                       nn.MaxPool1d(2)]
+            c_in = c_out
+        self.features = nn.Sequential(*layers)
+        self.fc1 = nn.Linear(c_in * (length // 8), hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x.flatten(2) if x.dim() == 4 else x)   # (B, C, H, W) -> (B, C, H*W)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class RowLSTM(nn.Module):
+    """A recurrent classifier: a 2-layer LSTM reads an image row by row (8x8 digits: 8
+    steps of 8 features) and a linear layer classifies its last hidden state."""
+
+    def __init__(self, num_classes: int = 10, width: int = 256, row_size: int = 8, num_layers: int = 2):
+        super().__init__()
+        self.lstm = nn.LSTM(row_size, width, num_layers=num_layers, batch_first=True)
+        self.fc = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(x.shape[0], -1, x.shape[-1])              # (B, 1, H, W) -> (B, H, W)
+        out, _ = self.lstm(rows)
+        return self.fc(out[:, -1])
+
+
 # --------------------------------------------------------------------------- factory
 def build_model(name: str, num_classes: int = 10, vocab_size: Optional[int] = None,
                 width: Optional[float] = None, in_channels: int = 3, image_size: int = 32,
@@ -317,6 +357,11 @@ def build_model(name: str, num_classes: int = 10, vocab_size: Optional[int] = No
                          tie_weights=True if tie_weights is None else tie_weights)
     if name == "tinycnn":
         return TinyCNN(num_classes, width=int(width or 16), in_channels=in_channels, image_size=image_size)
+    if name == "cnn1d":
+        return CNN1d(num_classes, width=int(width or 64), in_channels=in_channels,
+                     length=image_size * image_size)
+    if name == "rowlstm":
+        return RowLSTM(num_classes, width=int(width or 256), row_size=image_size)
     if name == "ngram":
         if not num_buckets:
             raise ValueError("model 'ngram' needs num_buckets (a hashed-feature data set)")

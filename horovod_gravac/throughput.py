@@ -2,32 +2,67 @@
 
 T_sys = N * b / t_iter (samples/s over all ranks), and
 T_compress[theta] = T_sys * gain(theta) for the CF actually sent in a step
-(dense: CF 1, gain 1).  Values are averaged over each evaluation window; the table
-keeps, for every CF, the mean of the last window in which that CF was sent.
+(dense: CF 1, gain 1).  Steps are collected per evaluation window; the table keeps,
+for every CF, one figure from the last window in which that CF was sent.
+
+``statistic="mean"`` is the paper's window average.  ``"median"`` ignores the odd slow
+step (an evaluation pause, a page fault, a neighbour's burst on a shared machine) that
+can move a short window's mean by tens of percent.  ``age(cf)`` counts the windows since
+a CF's figure was measured, so a controller can re-measure figures that went stale.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+import statistics
+from typing import Dict, List, Optional
+
+STATISTICS = ("mean", "median")
 
 
 class ThroughputTable:
-    def __init__(self):
-        self.compression: Dict[float, float] = {}   # CF -> mean T_compress of its last window
-        self.system: Dict[float, float] = {}        # CF -> mean T_sys of its last window
-        self._window: Dict[float, Tuple[float, float, int]] = {}
+    def __init__(self, statistic: str = "mean"):
+        if statistic not in STATISTICS:
+            raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
+        self.statistic = statistic
+        self.compression: Dict[float, float] = {}   # CF -> T_compress of its last window
+        self.system: Dict[float, float] = {}        # CF -> T_sys of its last window
+        self.measured_at: Dict[float, int] = {}     # CF -> window index of that figure
+        self.windows = 0                            # windows closed so far
+        self._window: Dict[float, List[List[float]]] = {}   # CF -> [[T_sys...], [T_compress...]]
 
     def record(self, cf: float, system_throughput: float, gain: float) -> float:
         """Add one step; returns that step's compression throughput."""
         t_compress = system_throughput * gain
-        sys_sum, comp_sum, n = self._window.get(cf, (0.0, 0.0, 0))
-        self._window[cf] = (sys_sum + system_throughput, comp_sum + t_compress, n + 1)
+        sys_values, comp_values = self._window.setdefault(cf, [[], []])
+        sys_values.append(system_throughput)
+        comp_values.append(t_compress)
         return t_compress
 
+    def _reduce(self, values: List[float]) -> float:
+        return statistics.median(values) if self.statistic == "median" else sum(values) / len(values)
+
     def close_window(self) -> None:
-        """Fold this window's means into the table; start a new window."""
-        for cf, (sys_sum, comp_sum, n) in self._window.items():
-            self.system[cf] = sys_sum / n
-            self.compression[cf] = comp_sum / n
+        """Fold this window's figures into the table; start a new window."""
+        for cf, (sys_values, comp_values) in self._window.items():
+            self.system[cf] = self._reduce(sys_values)
+            self.compression[cf] = self._reduce(comp_values)
+            self.measured_at[cf] = self.windows
+        self._window.clear()
+        self.windows += 1
+
+    def age(self, cf: float) -> Optional[int]:
+        """Windows closed since ``cf``'s figure was measured (0: the last one); None if never."""
+        at = self.measured_at.get(cf)
+        return None if at is None else self.windows - 1 - at
+
+    def forget(self, cf: float) -> None:
+        for table in (self.compression, self.system, self.measured_at):
+            table.pop(cf, None)
+
+    def reset(self) -> None:
+        """Drop every figure (they were measured under other conditions, e.g. another N)."""
+        self.compression.clear()
+        self.system.clear()
+        self.measured_at.clear()
         self._window.clear()
 
     def saturated_cf(self, omega: float, min_cf: float = 1.0) -> Optional[float]:
@@ -46,10 +81,20 @@ class ThroughputTable:
         return None
 
     def state_dict(self) -> dict:
-        return {"compression": dict(self.compression), "system": dict(self.system),
-                "window": dict(self._window)}
+        return {"statistic": self.statistic, "compression": dict(self.compression),
+                "system": dict(self.system), "measured_at": dict(self.measured_at),
+                "windows": self.windows,
+                "window": {cf: [list(s), list(c)] for cf, (s, c) in self._window.items()}}
 
     def load_state_dict(self, state: dict) -> None:
+        self.statistic = state.get("statistic", "mean")
         self.compression = {float(k): v for k, v in state["compression"].items()}
         self.system = {float(k): v for k, v in state["system"].items()}
-        self._window = {float(k): tuple(v) for k, v in state["window"].items()}
+        self.measured_at = {float(k): int(v) for k, v in state.get("measured_at", {}).items()}
+        self.windows = int(state.get("windows", 0))
+        self._window = {}
+        for k, v in state["window"].items():
+            if len(v) == 3 and not isinstance(v[0], list):   # older states: (sum T_sys, sum T_comp, n)
+                n = int(v[2])
+                v = [[v[0] / n] * n, [v[1] / n] * n] if n else [[], []]
+            self._window[float(k)] = [list(v[0]), list(v[1])]

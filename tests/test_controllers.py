@@ -206,3 +206,109 @@ def test_history_and_state_dict_stay_bounded(make):
     fresh.observe(StepObservation(ef_sq=1.0, min_sq=0.9, candidate_sq=0.8, step_time=0.01,
                                   grad_sq=1.0, accumulated_sq=1.0))
     assert len(fresh.history) == HISTORY_MAXLEN
+
+
+# -- the "ladder" variant ------------------------------------------------------------
+ISSUE_TRACE_GAINS = {10: 0.80, 20: 0.73, 40: 0.71, 160: 0.62, 1000: 0.42}   # a 1D CNN, epsilon 0.7
+
+
+def comm_bound(cf):
+    """A step whose time is mostly communication: more compression always pays."""
+    return 1000.0 / (0.2 + 1.0 / cf)
+
+
+def test_paper_variant_sends_theta_min_after_a_failed_rung():
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0)
+    sent = drive(ctrl, 200, lambda cf: ISSUE_TRACE_GAINS[cf], comm_bound)
+    assert candidates_per_window(ctrl)[:5] == [10, 20, 40, 160, 1000]
+    assert set(sent[100:]) == {10}                    # the trace the ladder variant fixes
+
+
+def test_ladder_keeps_the_highest_cf_that_passes():
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0, variant="ladder")
+    sent = drive(ctrl, 200, lambda cf: ISSUE_TRACE_GAINS[cf], comm_bound)
+    assert [h["move"] for h in ctrl.history][:4] == ["stay", "up", "up", "stay"]
+    assert ctrl.theta_min == 40 and ctrl.candidate_cf == 160
+    assert set(sent[60:]) == {40}                     # 160 fails epsilon: never sent
+    assert ctrl.throughput.statistic == "median"
+
+
+def test_ladder_stops_where_throughput_saturates():
+    # comm_bound saturates: 640x is under 1 % faster than 320x, so 320x is kept.
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, variant="ladder",
+                  policy="geometric")
+    sent = drive(ctrl, 150, lambda cf: 0.9, comm_bound)
+    assert ctrl.theta_min == 320 and ctrl.candidate_cf == 640 and sent[-1] == 320
+
+
+def test_ladder_climbs_to_theta_max_when_every_cf_passes():
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, variant="ladder",
+                  policy="geometric")
+    sent = drive(ctrl, 150, lambda cf: 0.9, lambda cf: 100 * cf ** 0.5)
+    assert ctrl.theta_min == 1000 and ctrl.candidate_cf == 1000 and sent[-1] == 1000
+
+
+def test_ladder_stays_where_more_compression_does_not_pay_and_remeasures():
+    # compute-bound: the same system throughput at every CF, so compression throughput
+    # falls with the gain; the candidate is measured, loses, and is measured again later.
+    gains = {10: 0.95, 20: 0.9, 40: 0.85, 160: 0.8, 1000: 0.75}
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, variant="ladder",
+                  remeasure_windows=3)
+    sent = drive(ctrl, 200, lambda cf: gains[cf], lambda cf: 100.0)
+    assert ctrl.theta_min == 10 and ctrl.candidate_cf == 20
+    per_window = [set(sent[i:i + 10]) for i in range(10, 200, 10)]
+    probes = [i for i, s in enumerate(per_window) if s == {20}]
+    assert per_window[0] == {20} and len(probes) >= 4            # measured, then every 4th window
+    assert set(sent[1:10]) == {10}                                # theta_min is measured first
+    assert all(s == {10} for i, s in enumerate(per_window) if i not in probes)
+
+
+def test_ladder_steps_down_then_falls_back_to_dense():
+    state = {"gains": dict(ISSUE_TRACE_GAINS)}
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, variant="ladder")
+    drive(ctrl, 60, lambda cf: state["gains"][cf], comm_bound)
+    assert ctrl.theta_min == 40
+    state["gains"].update({40: 0.6, 20: 0.65, 10: 0.68})          # a critical phase: nothing passes
+    sent = drive(ctrl, 40, lambda cf: state["gains"][cf], comm_bound)
+    assert ctrl.theta_min == 10 and sent[-1] == DENSE
+    state["gains"] = dict(ISSUE_TRACE_GAINS)                       # and back up once it passes again
+    drive(ctrl, 60, lambda cf: state["gains"][cf], comm_bound)
+    assert ctrl.theta_min == 40 and ctrl.decision.send_cf == 40
+
+
+def test_ladder_takes_a_rung_whose_gain_rises_later():
+    state = {"g160": 0.62}
+    gain = lambda cf: state["g160"] if cf == 160 else ISSUE_TRACE_GAINS[cf]
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, variant="ladder")
+    drive(ctrl, 60, gain, comm_bound)
+    assert ctrl.theta_min == 40
+    state["g160"] = 0.75
+    drive(ctrl, 30, gain, comm_bound)
+    assert ctrl.theta_min == 160 and ctrl.candidate_cf == 1000
+
+
+def test_ladder_gains_start_as_running_means():
+    ctrl = GraVAC(theta_min=10, theta_max=100, window=1000, variant="ladder")   # alpha 0.01
+    for g in (0.5, 0.7, 0.9):
+        ctrl.observe(StepObservation(ef_sq=1.0, min_sq=g, candidate_sq=g, step_time=0.1))
+    assert ctrl.gain_min == pytest.approx(0.7)
+
+
+def test_ladder_state_round_trip_and_config():
+    gain = lambda cf: 0.99 - cf / 5000
+    a = GraVAC(theta_min=10, theta_max=1000, window=7, ewma_alpha=0.3, variant="ladder")
+    drive(a, 30, gain, comm_bound)
+    b = GraVAC(theta_min=10, theta_max=1000, window=7, ewma_alpha=0.3, variant="ladder")
+    b.load_state_dict(a.state_dict())
+    assert drive(a, 40, gain, comm_bound) == drive(b, 40, gain, comm_bound)
+    assert a.config()["variant"] == "ladder"
+    with pytest.raises(ValueError, match="variant"):
+        GraVAC(variant="greedy")
+    with pytest.raises(ValueError, match="remeasure_windows"):
+        GraVAC(variant="ladder", remeasure_windows=0)
+
+
+def test_pinned_ladder_sends_its_only_cf():
+    ctrl = GraVAC(theta_min=10, theta_max=10, epsilon=0.7, window=5, variant="ladder")
+    sent = drive(ctrl, 20, lambda cf: 0.8, comm_bound)
+    assert sent[0] == DENSE and set(sent[1:]) == {10}
