@@ -79,8 +79,6 @@ def clear_in_flight(optimizer) -> None:
         optimizer._drop_consensus()
     for bucket in optimizer._buckets:
         bucket.reset()
-        if getattr(bucket, "lowrank", None) is not None:
-            bucket.lowrank = None
     for p in optimizer._delay:
         optimizer._delay[p] = optimizer.backward_passes_per_step
     optimizer._reset_step_counters()
@@ -105,9 +103,7 @@ def reset_for_new_world(optimizer) -> None:
     for bucket in optimizer._buckets:
         if bucket.accumulated is not None:     # Accordion's sum over the interval
             bucket.accumulated.zero_()
-    lowrank_q = getattr(optimizer, "_lowrank_q", None)
-    if lowrank_q:                              # PowerSGD warm starts: back to the seeded Q
-        lowrank_q.clear()
+    optimizer._warm.clear()                    # PowerSGD warm starts: back to the seeded Q
     if _apply_world_size(optimizer, comm.size()) and hasattr(optimizer.controller, "throughput"):
         optimizer.controller.throughput = ThroughputTable()
 

@@ -52,7 +52,6 @@ import itertools
 import math
 import time
 import warnings
-import zlib
 from contextlib import contextmanager
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -62,12 +61,13 @@ import horovod.torch as hvd
 
 from . import comm
 from .compressors.base import FLOAT_DTYPES, SparseCompressor, SparsePayload, check_cf
-from .compressors.powersgd import orthonormalize
 from .compressors.topk import TopKCompressor
-from .cf import kept_count
-from .consensus import CONSENSUS_STATS, N_STATS, DecisionExchange, JoinSafeExchange, sync_step_index
+from .consensus import CONSENSUS_STATS, DecisionExchange, JoinSafeExchange, sync_step_index
 from .controllers import DENSE, Controller, Decision, Dense, StaticCF, StepObservation
 from .error_feedback import ErrorFeedback
+from .transfers import (DenseAllreduce, LowRankTransfer, Link, SharedIndexAllreduce, SlottedSparse,
+                        SparseAllgather, Transfer, WarmStarts)
+from .wire import StepStats
 
 # Horovod's ``broadcast_optimizer_state`` calls the *base* optimizer's ``step()`` (to
 # create momentum buffers etc. without any communication) only for optimizers whose
@@ -112,18 +112,14 @@ class _Bucket:
 
     def reset(self):
         self.ready = 0
-        self.handle = None
-        self.kind = None        # "dense" | "sparse" | "shared" | "lowrank"; None: not launched
-        self.start = None       # the held-back collective of the stats-carrying bucket
-        self.payload = None     # the SparsePayload sent (shared-index path)
-        self.sent_indices = None        # entries sent exactly (residual zeroed there)
+        self.transfer: Optional[Transfer] = None   # this step's collective(s); None: not launched
         self.update_residual = False    # the residual was formed this step
         self.parked: List[Tuple[int, int, torch.Tensor]] = []   # frozen params' residual slices
-        self.wire_ctx = None    # Horovod compression context of the dense wire
-        self.slot_cap = 0       # join-safe sparse wire: payload rows per rank
-        self.with_stats = False # its collective carries the step's statistics
-        self.launched_finite = True     # False: this rank's bucket held NaN/Inf
-        self.lowrank = None     # PowerSGD state between its two collectives
+
+    @property
+    def handle(self):
+        """The collective in flight (None: none, or held back until the step's statistics are complete)."""
+        return None if self.transfer is None else self.transfer.handle
 
 
 def _make_buckets(named: List[Tuple[str, torch.nn.Parameter]], cap_bytes: int,
@@ -207,7 +203,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._delay = {p: self.backward_passes_per_step for _, p in floats}
         self._memory = ErrorFeedback(opts["momentum_correction"])
         self.local_clip_norm = opts["local_clip_norm"]
-        self._lowrank_q: Dict[tuple, torch.Tensor] = {}   # PowerSGD warm start per (param, rank)
+        self._warm = WarmStarts()   # PowerSGD's Q per (parameter, rank)
         self._sparse: Dict[torch.nn.Parameter, dict] = {}  # params whose gradients are sparse
         sample_compressor = self._compressor_factory(10.0)   # for type checks and the start-up check
         self._shared_seed = hasattr(sample_compressor, "set_step")
@@ -215,7 +211,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 and not controller.needs_accumulation:
             raise ValueError("controller GraVAC needs a sparsifying compressor (multi-level "
                              "compression); use PowerSGD with Dense, StaticCF or Accordion")
-        self._world = comm.group_size(self.process_set) if self._included else 1
+        self._link = Link(self.process_set, self.op, self.op == hvd.Average, self.gradient_predivide_factor,
+                          comm.group_size(self.process_set) if self._included else 1, self._timeout)
         if hasattr(controller, "set_world_size"):
             controller.set_world_size(self._world)
         # How ranks agree on each step: rank 0's decision broadcast (adaptive controllers),
@@ -328,7 +325,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                     return
                 bucket = self._bucket_of[p]
                 bucket.ready += 1
-                if bucket.ready >= bucket.expected and bucket.kind is None:
+                if bucket.ready >= bucket.expected and bucket.transfer is None:
                     self._launch(bucket)
         return hook
 
@@ -369,7 +366,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._quality: List[float] = []
         self._launched = 0                 # buckets launched this step
         self._control_bytes = 0            # statistics carried for the controller
-        self._step_stats: Optional[List[float]] = None   # rank-averaged, from the carrier bucket
+        self._step_stats: Optional[StepStats] = None     # rank-averaged, from the carrier bucket
         self._at_boundary = False          # Accordion: this step ends an interval
         self._step_open = False            # a hook of this step has run
 
@@ -403,7 +400,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             self._buckets.remove(bucket)
             if self._carrier is bucket:
                 self._carrier = self._buckets[-1] if self._buckets else None
-        elif bucket.ready >= bucket.expected and bucket.kind is None and bucket.ready > 0:
+        elif bucket.ready >= bucket.expected and bucket.transfer is None and bucket.ready > 0:
             self._launch(bucket)
         return {"name": name, "handles": None, "empty": None}
 
@@ -476,12 +473,12 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             self._compress_and_start(bucket, g_ef, decision, measure=True)
         else:
             self._nonfinite += 1
-            bucket.launched_finite = False
             self._start_nonfinite(bucket, grads, decision)
         self._launched += 1
         carrier = self._carrier
-        if self._launched == len(self._buckets) and carrier is not None and carrier.start is not None:
-            carrier.handle, carrier.start = carrier.start(self._local_stats()), None
+        if self._launched == len(self._buckets) and carrier is not None and carrier.transfer is not None \
+                and not carrier.transfer.started:
+            carrier.transfer.start(self._local_stats().to_tensor())
         self._compress_time += time.perf_counter() - t0
 
     def _accumulate(self, bucket, grads, scale) -> None:
@@ -518,27 +515,25 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                     flat[s:e].copy_(g.reshape(-1))   # float64 beyond float32's range -> inf
             if _finite(flat):   # the overflow was in residual * scale + g: signal it
                 flat[0] = float("nan")
-            bucket.with_stats = self._carries_stats(bucket)
-            self._start_dense(bucket, flat, self._bucket_name(bucket))
+            self._send(bucket, DenseAllreduce(self._link, self._bucket_name(bucket), flat,
+                                              self._carries_stats(bucket), self._wire))
             return
         self._compress_and_start(bucket, zeros, decision, measure=False, poison=True)
 
-    def _hold_or_start(self, bucket, start: Callable) -> None:
-        """Start the bucket's collective: ``start(stats)`` returns its handle (``stats``:
-        None, or the float64 statistics to carry).  With an adaptive controller the
-        carrier bucket's collective also carries the step's statistics, complete only
-        once every bucket is compressed, so it waits for that."""
-        if bucket.with_stats:
-            bucket.start = start
-        else:
-            bucket.handle = start(None)
+    def _send(self, bucket, transfer: Transfer) -> None:
+        """Start the bucket's collective, unless it carries the step's statistics (an
+        adaptive controller's carrier bucket): those are complete only once every bucket
+        is compressed, so ``_launch`` starts it then."""
+        bucket.transfer = transfer
+        if not transfer.with_stats:
+            transfer.start()
 
     def _carries_stats(self, bucket) -> bool:
         """Decided when the bucket launches (the carrier can change mid-step when a
         gradient turns out sparse) and kept in ``bucket.with_stats`` until it is read."""
         return bucket is self._carrier and self._controller.needs_consensus
 
-    def _local_stats(self) -> torch.Tensor:
+    def _local_stats(self) -> StepStats:
         """This rank's statistics of the step, sent with the carrier bucket: squared norms
         of g_ef, g_min and g_c, of the raw gradient, Accordion's interval sum (at an
         interval's end, else 0) and whether any bucket was NaN/Inf (all unscaled)."""
@@ -554,41 +549,22 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                     b.accumulated.zero_()
         s2 = self._scale * self._scale
         n = self._norms
-        return torch.tensor([float(n[0]) / s2, float(n[1]) / s2, float(n[2]) / s2, self._grad_sq / s2,
-                             acc_sq, float(self._nonfinite > 0)], dtype=torch.float64)
-
-    def _scale_factors(self) -> Tuple[float, float]:
-        """Horovod's pre/postscale for ``gradient_predivide_factor`` (Average only)."""
-        if self.op == hvd.Average:
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
-
-    def _allreduce_start(self, tensor, name, mean: bool = False):
-        """``start`` of an in-place allreduce, or of a copy with the statistics appended:
-        with the user's ``op`` and predivide factors, or (``mean``) a plain average, which
-        PowerSGD's phases need."""
-        op, (pre, post) = (hvd.Average, (1.0, 1.0)) if mean else (self.op, self._scale_factors())
-
-        def start(stats):
-            if stats is None:
-                return comm.allreduce_async(tensor, name, op, pre, post, self.process_set)
-            self._control_bytes += 4 * N_STATS
-            return comm.allreduce_async(comm.with_stats(tensor, stats), name, op, pre, post,
-                                        self.process_set)
-        return start
+        return StepStats(ef_sq=float(n[0]) / s2, min_sq=float(n[1]) / s2, candidate_sq=float(n[2]) / s2,
+                         grad_sq=self._grad_sq / s2, accumulated_sq=acc_sq,
+                         nonfinite=float(self._nonfinite > 0))
 
     def _compress_and_start(self, bucket, g_ef, decision: Decision, measure: bool, poison: bool = False) -> None:
-        name = self._bucket_name(bucket)
-        bucket.with_stats = self._carries_stats(bucket)
+        name, with_stats = self._bucket_name(bucket), self._carries_stats(bucket)
         if decision.candidate_cf == DENSE:   # nothing to compress or measure: plain allreduce
-            self._start_dense(bucket, g_ef, name)
+            self._send(bucket, DenseAllreduce(self._link, name, g_ef, with_stats, self._wire))
             return
         # theta_min == 1 keeps everything: the candidate then comes from g_ef directly.
         comp_min = self._compressor(decision.theta_min if decision.theta_min > DENSE else decision.candidate_cf)
         if getattr(comp_min, "low_rank", False):
             if poison:
                 g_ef = torch.full_like(g_ef, float("nan"))
-            self._start_lowrank(bucket, g_ef, comp_min, name)
+            self._send(bucket, LowRankTransfer(self._link, name, bucket, g_ef, comp_min, self._warm,
+                                               bucket.update_residual, with_stats))
             return
         self._set_step(comp_min, bucket)
         payload_min, ctx = comp_min.compress(g_ef)
@@ -608,12 +584,20 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if decision.send_cf == DENSE:
             if poison:
                 g_ef[0] = float("nan")
-            self._start_dense(bucket, g_ef, name)
+            self._send(bucket, DenseAllreduce(self._link, name, g_ef, with_stats, self._wire))
             return
         payload = payload_c if decision.send_cf == decision.candidate_cf else payload_min
         if poison:   # every rank's sum must come out non-finite
             payload = _poisoned(payload, comp_min.shared_indices, bucket.device)
-        self._start_sparse(bucket, payload, comp_min.shared_indices, name, decision.send_cf)
+        args = (self._link, name, payload, bucket.numel, bucket.device, with_stats)
+        if comp_min.shared_indices:
+            # The step index rides along (checked on arrival) unless join_safe's exchange aligns it.
+            transfer = SharedIndexAllreduce(*args, None if self._join_safe else self._step_index)
+        elif self._join_safe:
+            transfer = SlottedSparse(*args, decision.send_cf)
+        else:
+            transfer = SparseAllgather(*args)
+        self._send(bucket, transfer)
 
     def _bucket_name(self, bucket) -> str:
         return f"{self._prefix}.bucket.{bucket.index}"
@@ -621,137 +605,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def _set_step(self, comp, bucket):
         if hasattr(comp, "set_step"):   # shared-seed compressors draw per (step, bucket)
             comp.set_step(self._step_index, bucket.index)
-
-    def _start_dense(self, bucket, flat, name):
-        bucket.kind = "dense"
-        if bucket.with_stats:   # statistics travel as float32 with the bucket
-            wire = flat
-        else:
-            wire, bucket.wire_ctx = self._wire.compress(flat)
-        self._hold_or_start(bucket, self._allreduce_start(wire, name))
-        self._bytes_sent += wire.numel() * wire.element_size()
-        self._floats_sent += flat.numel()
-
-    def _start_lowrank(self, bucket, g_ef, comp, name):
-        """PowerSGD phase 1: P = M Q for every matrix (vectors travel as they are),
-        all in one allreduce.  Phase 2 (Q) runs in ``synchronize``."""
-        parts, plan = [], []
-        for pname, p, (s, e) in zip(bucket.names, bucket.params, bucket.offsets):
-            if comp.compressible(p):
-                n, m = p.shape[0], p.numel() // p.shape[0]
-                r = comp.rank_for(n, m)
-                key = (pname, r)
-                q = self._lowrank_q.get(key)
-                if q is None:
-                    q = comp.initial_q(m, r, zlib.crc32(pname.encode()), g_ef.device)
-                parts.append((g_ef[s:e].view(n, m) @ q).reshape(-1))
-                plan.append((s, e, n, m, r, key))
-            else:
-                parts.append(g_ef[s:e])
-                plan.append((s, e, None, None, None, None))
-        buf = torch.cat(parts)
-        bucket.kind = "lowrank"
-        bucket.lowrank = {"plan": plan, "g_ef": g_ef, "name": name}
-        self._hold_or_start(bucket, self._allreduce_start(buf, name + ".P", mean=True))
-        self._bytes_sent += 4 * buf.numel()
-        self._floats_sent += buf.numel()
-
-    def _lowrank_phase2(self, bucket):
-        """Orthonormalize the averaged P, Q = M^T P, and start the Q allreduce."""
-        state = bucket.lowrank
-        out = self._wait_bucket(bucket, state["name"] + ".P")
-        aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
-        q_parts, ps, ofs = [], [], 0
-        for s, e, n, m, r, key in state["plan"]:
-            if n is None:
-                aggregated[s:e] = out[ofs:ofs + e - s]
-                ofs += e - s
-                ps.append(None)
-                continue
-            p = orthonormalize(out[ofs:ofs + n * r].view(n, r))
-            ofs += n * r
-            q_parts.append((state["g_ef"][s:e].view(n, m).t() @ p).reshape(-1))
-            ps.append(p)
-        state["aggregated"], state["p"] = aggregated, ps
-        if q_parts:
-            qbuf = torch.cat(q_parts)
-            self._bytes_sent += 4 * qbuf.numel()
-            self._floats_sent += qbuf.numel()
-            bucket.handle = comm.allreduce_async(qbuf, state["name"] + ".Q", hvd.Average,
-                                                 process_set=self.process_set)
-        else:
-            bucket.handle = None
-
-    def _lowrank_finish(self, bucket) -> torch.Tensor:
-        state = bucket.lowrank
-        q_all = comm.wait(bucket.handle, state["name"] + ".Q", self._timeout) if bucket.handle is not None else None
-        aggregated, g_ef, ofs = state["aggregated"], state["g_ef"], 0
-        update = bucket.update_residual
-        for (s, e, n, m, r, key), p in zip(state["plan"], state["p"]):
-            if n is None:
-                if update:
-                    g_ef[s:e].zero_()           # sent exactly
-                continue
-            q = q_all[ofs:ofs + m * r].view(m, r)
-            ofs += m * r
-            approx = (p @ q.t()).reshape(-1)
-            aggregated[s:e] = approx
-            if update:
-                g_ef[s:e].sub_(approx)          # error feedback: what the rank-r sum missed
-                self._lowrank_q[key] = q.clone()   # warm start (identical on every rank)
-        bucket.lowrank = None
-        if self.op == hvd.Sum:
-            aggregated.mul_(self._world)
-        return aggregated
-
-    def _start_sparse(self, bucket, payload, shared_indices, name, cf):
-        if self._join_safe and not shared_indices:
-            # The same slot size on every rank, from the decision alone; a threshold
-            # compressor's surplus beyond it stays in the residual.
-            cap = 2 * kept_count(bucket.numel, cf) + 1
-            if payload.values.numel() > cap:
-                payload = SparsePayload(payload.values[:cap], payload.indices[:cap])
-        if bucket.update_residual:
-            bucket.sent_indices = payload.indices
-        k = payload.values.numel()
-        if self._join_safe and not shared_indices:
-            bucket.kind, bucket.slot_cap = "slotted", cap
-            pre, _ = self._scale_factors()
-            if pre != 1.0:
-                payload = SparsePayload(payload.values * pre, payload.indices)
-            world, me = self._world, comm.group_rank(self.process_set)
-
-            def start_slotted(stats):
-                if stats is not None:
-                    self._control_bytes += 8 * comm.header_rows(N_STATS)
-                buf = comm.pack_slot(payload, stats, bucket.numel, world, me, cap, N_STATS)
-                return comm.allreduce_sum_async(buf, name, self.process_set)
-            self._hold_or_start(bucket, start_slotted)
-            self._bytes_sent += 8 * world * comm.slot_rows(cap, N_STATS)
-            self._floats_sent += 2 * k
-            return
-        if shared_indices:
-            bucket.kind, bucket.payload = "shared", payload
-            values = payload.values.clone()
-            if not self._join_safe:
-                # The step index rides along: every rank must have drawn the same indices.
-                values = torch.cat([values, values.new_tensor([float(self._step_index)])])
-            self._hold_or_start(bucket, self._allreduce_start(values, name))
-            self._bytes_sent += 4 * k
-            self._floats_sent += k
-        else:
-            bucket.kind = "sparse"
-            pre, _ = self._scale_factors()
-            if pre != 1.0:
-                payload = SparsePayload(payload.values * pre, payload.indices)
-
-            def start(stats):
-                if stats is not None:
-                    self._control_bytes += 8 * comm.header_rows(N_STATS)
-                return comm.allgather_async(comm.pack(payload, stats, bucket.numel), name, self.process_set)
-            self._hold_or_start(bucket, start)
-            self._bytes_sent += 8 * k
-            self._floats_sent += 2 * k
 
     # -- synchronize -------------------------------------------------------------------------
     def synchronize(self):
@@ -762,15 +615,14 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if not self._step_open:
             self._begin_step()
         for bucket in list(self._buckets):   # buckets whose hooks did not all fire (unused params)
-            if bucket.kind is None:
+            if bucket.transfer is None:
                 self._launch(bucket)
         t_comm = time.perf_counter()
-        for bucket in self._buckets:
-            if bucket.kind == "lowrank":
-                self._lowrank_phase2(bucket)
+        for bucket in self._buckets:   # every first phase is in flight before any later one waits
+            bucket.transfer.advance()
         aggregates = []
         for bucket in self._buckets:
-            aggregated = self._aggregate(bucket)
+            aggregated = self._finish_transfer(bucket.transfer)
             aggregates.append(aggregated)
             for p, (s, e) in zip(bucket.params, bucket.offsets):
                 if not p.requires_grad:
@@ -796,42 +648,15 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._register_hooks()   # parameters unfrozen since the last step
         self._synchronized = True
 
-    def _aggregate(self, bucket) -> torch.Tensor:
-        """The bucket's combined gradient (flat float32), as ``op`` asks."""
-        if bucket.kind == "lowrank":
-            return self._lowrank_finish(bucket)
-        if bucket.kind in ("sparse", "slotted"):
-            out = self._wait_bucket(bucket)
-            total = comm.unpack_sum(out, bucket.numel)
-            if self.op != hvd.Average:
-                return total
-            f = self.gradient_predivide_factor
-            return total.div_(self._world) if f == 1.0 else total.mul_(f / self._world)
-        if bucket.kind == "shared":
-            out = self._wait_bucket(bucket)
-            if not self._join_safe:
-                out = self._check_shared_step(out)
-            aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
-            aggregated.index_copy_(0, bucket.payload.indices.long(), out)
-            return aggregated
-        out = self._wait_bucket(bucket)
-        if not bucket.with_stats:
-            out = self._wire.decompress(out, bucket.wire_ctx)
-        return out.float()
-
-    def _check_shared_step(self, out: torch.Tensor) -> torch.Tensor:
-        """Strip the step index that rode with shared-index values; if the ranks' indices
-        differ (a rank sat out steps in ``hvd.join()``), their draws differ too: fail
-        rather than add values at different positions."""
-        got = float(out[-1])
-        want = self._step_index * (self._world if self.op == hvd.Sum else 1)
-        if abs(got - want) > 0.5:
-            raise RuntimeError(
-                f"horovod_gravac: ranks disagree on the step index of a shared-seed compressor "
-                f"(rank {comm.rank()} is at step {self._step_index}; the ranks' combined value is "
-                f"{got:g}), so they drew different indices. This happens when a rank sat out steps "
-                f"in hvd.join(); pass DistributedOptimizer(..., join_safe=True) for uneven data.")
-        return out[:-1]
+    def _finish_transfer(self, transfer: Transfer) -> torch.Tensor:
+        """The bucket's combined gradient (flat float32); its counts join the step's."""
+        aggregated = transfer.finish()
+        if transfer.stats is not None:
+            self._step_stats = StepStats.from_tensor(transfer.stats)
+        self._bytes_sent += transfer.bytes_sent
+        self._floats_sent += transfer.floats_sent
+        self._control_bytes += transfer.control_bytes
+        return aggregated
 
     def _commit_residual(self, bucket, rollback: bool) -> None:
         """residual = g_ef - sent, once the step's collectives are done (or, for a step
@@ -844,29 +669,11 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             if bucket.accumulated_backup is not None:
                 bucket.accumulated.copy_(bucket.accumulated_backup)
             return
-        if bucket.kind == "dense":
-            self._memory.sent_dense(key)
-        elif bucket.sent_indices is not None:
-            self._memory.sent_sparse(key, bucket.sent_indices)
+        bucket.transfer.commit(self._memory, key)
         self._memory.unscale(key, self._scale)
         buf = self._memory.residuals[key]
         for s, e, saved in bucket.parked:
             buf[s:e].copy_(saved)
-
-    def _wait_bucket(self, bucket, name: Optional[str] = None) -> torch.Tensor:
-        """The bucket's collective result; the carrier's statistics go to ``_step_stats``."""
-        out = comm.wait(bucket.handle, name or self._bucket_name(bucket), self._timeout)
-        if bucket.with_stats:
-            if bucket.kind == "sparse":
-                stats = comm.read_header_stats(out, self._world, N_STATS)
-            elif bucket.kind == "slotted":
-                stats = comm.read_slot_stats(out, self._world, bucket.slot_cap, N_STATS)
-            else:
-                out, stats = comm.split_stats(out, N_STATS)
-                if self.op == hvd.Sum and bucket.kind != "lowrank":
-                    stats = stats / self._world
-            self._step_stats = stats.tolist()
-        return out
 
     def _finish_step(self, comm_time: float, skipped: bool = False):
         if self._exchange is not None:
@@ -887,7 +694,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             # No statistics arrived (no bucket, or the carrier changed mid-step because a
             # gradient turned out sparse): the step is not observed, on every rank alike.
             observed = not skipped and self._step_stats is not None
-            step_stats = self._step_stats if self._step_stats is not None else [0.0] * N_STATS
+            step_stats = self._step_stats if self._step_stats is not None else StepStats()
             stats.update(dict.fromkeys(CONSENSUS_STATS))   # filled in by the exchange
             self._exchange.start(step_stats, step_time, self._world, self._at_boundary,
                                  observe=observed, stats=stats)
@@ -906,6 +713,15 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         with the world it ran in)."""
         if self._exchange is not None:
             self._exchange.drop()
+
+    @property
+    def _world(self) -> int:
+        """Ranks taking part (the process set's size; it changes in elastic training)."""
+        return self._link.world
+
+    @_world.setter
+    def _world(self, n: int) -> None:
+        self._link.world = n
 
     @property
     def controller(self) -> Controller:
@@ -955,7 +771,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
-        if any(b.handle is not None or b.start is not None for b in self._buckets) \
+        if any(b.transfer is not None for b in self._buckets) \
                 or any(info["handles"] is not None for info in self._sparse.values()):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(). This is prohibited "
@@ -978,7 +794,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                     residuals[name] = buf[s:e].clone()
         return {"controller": ctrl.state_dict(), "residuals": residuals,
                 "step": self._step_index,
-                "lowrank_q": {f"{n}|{r}": q.clone() for (n, r), q in self._lowrank_q.items()},
+                "lowrank_q": self._warm.state_dict(),
                 "residual_crc32": checkpoint.residual_checksums(residuals),
                 "meta": checkpoint.optimizer_meta(self, comm.rank())}
 
@@ -1006,8 +822,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                     f"controller. horovod_gravac.checkpoint.retarget(state, controller=True) keeps "
                     f"this optimizer's own controller instead") from exc
         self._step_index = int(state["step"])
-        self._lowrank_q = {(k.rsplit("|", 1)[0], int(k.rsplit("|", 1)[1])): q.clone()
-                           for k, q in state.get("lowrank_q", {}).items()}
+        self._warm.load_state_dict(state.get("lowrank_q", {}))
         for b in self._buckets:
             if any(n in state["residuals"] for n in b.names):
                 buf = self._memory.buffer(b.index, b.numel, b.device)
