@@ -60,11 +60,11 @@ import torch
 import horovod.torch as hvd
 
 from . import comm
-from .compressors.base import FLOAT_DTYPES, SparseCompressor, SparsePayload, check_cf
+from .compressors.base import FLOAT_DTYPES, GradientCompressor, SparsePayload, check_cf
 from .compressors.topk import TopKCompressor
 from .consensus import CONSENSUS_STATS, DecisionExchange, JoinSafeExchange, sync_step_index
 from .controllers import DENSE, Controller, Decision, Dense, StaticCF, StepObservation
-from .error_feedback import ErrorFeedback
+from .error_feedback import ErrorFeedback, IntervalSum
 from .transfers import (DenseAllreduce, LowRankTransfer, Link, SharedIndexAllreduce, SlottedSparse,
                         SparseAllgather, Transfer, WarmStarts)
 from .wire import StepStats
@@ -84,8 +84,6 @@ class _Bucket:
 
     def __init__(self, index: int, named: List[Tuple[str, torch.nn.Parameter]]):
         self.index = index
-        self.accumulated: Optional[torch.Tensor] = None   # Accordion's gradient sum
-        self.accumulated_backup: Optional[torch.Tensor] = None
         self._set_params(named)
         self.reset()
 
@@ -106,8 +104,6 @@ class _Bucket:
         old = self.offsets[i]
         named = [(n, q) for n, q in zip(self.names, self.params) if q is not p]
         self._set_params(named)
-        self.accumulated = None
-        self.accumulated_backup = None
         return old
 
     def reset(self):
@@ -181,7 +177,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._grad_scaler = opts["grad_scaler"]
         self._bucket_cap_bytes = int(opts["bucket_cap_mb"] * 2 ** 20)
         self._compressor_factory = _compressor_factory(opts["compressor"])
-        self._compressors: Dict[float, SparseCompressor] = {}
+        self._compressors: Dict[float, GradientCompressor] = {}
         self._included = bool(self.process_set.included())
 
         named_all = _named_list(named_parameters)
@@ -201,13 +197,14 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._prefix = _collective_prefix()
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._delay = {p: self.backward_passes_per_step for _, p in floats}
-        self._memory = ErrorFeedback(opts["momentum_correction"])
+        self._memory = ErrorFeedback(opts["momentum_correction"])   # residuals (and DGC's velocities)
+        self._interval = IntervalSum()   # Accordion's running sum over the interval
         self.local_clip_norm = opts["local_clip_norm"]
         self._warm = WarmStarts()   # PowerSGD's Q per (parameter, rank)
         self._sparse: Dict[torch.nn.Parameter, dict] = {}  # params whose gradients are sparse
         sample_compressor = self._compressor_factory(10.0)   # for type checks and the start-up check
-        self._shared_seed = hasattr(sample_compressor, "set_step")
-        if getattr(sample_compressor, "low_rank", False) and controller.needs_consensus \
+        self._shared_seed = sample_compressor.step_seeded
+        if sample_compressor.low_rank and controller.needs_consensus \
                 and not controller.needs_accumulation:
             raise ValueError("controller GraVAC needs a sparsifying compressor (multi-level "
                              "compression); use PowerSGD with Dense, StaticCF or Accordion")
@@ -225,7 +222,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             self._exchange = DecisionExchange(controller, f"{self._prefix}.decision", self._timeout,
                                               self.process_set)
         if opts["check_consistency"] and self._included and self._world > 1:
-            self._check_consistency(floats, sample_compressor)
+            _check_consistency(self, floats, sample_compressor)
 
         self._synchronized = False
         self._should_synchronize = True
@@ -239,36 +236,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._hooked: set = set()
         if self._included:
             self._register_hooks()
-
-    # -- start-up ----------------------------------------------------------------------
-    def _check_consistency(self, named, sample_compressor):
-        """Fail on every rank, with the difference named, if ranks disagree on set-up."""
-        mine = {"collective_prefix": self._prefix, "controller": self._controller.config(),
-                "momentum_correction": self._memory.momentum, "local_clip_norm": self.local_clip_norm,
-                "compressor": repr(sample_compressor),
-                "backward_passes_per_step": self.backward_passes_per_step,
-                "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
-                # The bucket layout (from bucket_cap_mb and groups): every rank must cut the
-                # same buckets, or the collectives of a bucket index carry different tensors.
-                "bucket_cap_mb": {"bucket_sizes": [b.numel for b in self._buckets],
-                                  "bucket_params": [b.names for b in self._buckets]}}
-        mine.update({"op": int(self.op), "gradient_predivide_factor": self.gradient_predivide_factor,
-                     "compression": getattr(self._wire, "__name__", type(self._wire).__name__),
-                     "sparse_as_dense": self.sparse_as_dense, "nonfinite": self._nonfinite_policy,
-                     "grad_scaler": self._grad_scaler is not None, "join_safe": self._join_safe})
-        everyone = comm.allgather_object(mine, name=f"{self._prefix}.consistency", timeout=self._timeout,
-                                         process_set=self.process_set)
-        for r, theirs in enumerate(everyone):
-            for key in mine:
-                if theirs.get(key) != everyone[0].get(key):
-                    hint = {"collective_prefix": " Every rank must build its DistributedOptimizers "
-                                                 "in the same order.",
-                            "bucket_cap_mb": " The bucket layout differs: every rank must pass the "
-                                             "same bucket_cap_mb (and groups)."}.get(key, "")
-                    raise ValueError(
-                        f"horovod_gravac: rank {r} differs from rank 0 in '{key}': "
-                        f"{_short(theirs.get(key))} vs {_short(everyone[0].get(key))}. All ranks must "
-                        f"use the same model, compressor and controller settings.{hint}")
 
     def _register_hooks(self) -> None:
         """A post-accumulate hook on every parameter that requires a gradient and has none
@@ -303,7 +270,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return 1 + max((b.index for b in self._buckets), default=-1)
 
     # -- compressors ---------------------------------------------------------------------
-    def _compressor(self, cf: float) -> SparseCompressor:
+    def _compressor(self, cf: float) -> GradientCompressor:
         comp = self._compressors.get(cf)
         if comp is None:
             comp = self._compressors[cf] = self._compressor_factory(cf)
@@ -390,11 +357,9 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def _detach_sparse(self, p) -> dict:
         bucket = self._bucket_of.pop(p)
         name = bucket.names[[i for i, q in enumerate(bucket.params) if q is p][0]]
-        old = self._memory.residuals.get(bucket.index)
         start, end = bucket.remove(p)
-        if old is not None:   # keep the other parameters' residuals
-            self._memory.residuals[bucket.index] = torch.cat([old[:start], old[end:]])
-            self._memory.velocities.pop(bucket.index, None)
+        self._memory.drop(bucket.index, start, end)   # the other parameters keep their residuals
+        self._interval.drop(bucket.index)
         bucket.expected = self._hooks_to_wait_for(bucket)
         if not bucket.params:
             self._buckets.remove(bucket)
@@ -466,8 +431,9 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 g_ef, finite = None, False
         if finite:
             self._grad_sq += grad_sq
-            if self._controller.needs_accumulation:
-                self._accumulate(bucket, grads, scale)
+            if self._controller.needs_accumulation:   # Accordion's interval sum, unscaled
+                self._interval.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale,
+                                   backup=self._grad_scaler is not None)
             self._park_frozen(bucket, g_ef)
             bucket.update_residual = True
             self._compress_and_start(bucket, g_ef, decision, measure=True)
@@ -480,18 +446,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 and not carrier.transfer.started:
             carrier.transfer.start(self._local_stats().to_tensor())
         self._compress_time += time.perf_counter() - t0
-
-    def _accumulate(self, bucket, grads, scale) -> None:
-        """Accordion's running sum of raw gradients (unscaled)."""
-        if bucket.accumulated is None:
-            bucket.accumulated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
-        if self._grad_scaler is not None:
-            if bucket.accumulated_backup is None:
-                bucket.accumulated_backup = torch.empty_like(bucket.accumulated)
-            bucket.accumulated_backup.copy_(bucket.accumulated)
-        for g, (s, e) in zip(grads, bucket.offsets):
-            if g is not None:
-                bucket.accumulated[s:e].add_(g.reshape(-1), alpha=1.0 / scale)
 
     def _park_frozen(self, bucket, g_ef) -> None:
         """A frozen parameter's residual is neither sent nor lost: set aside for the step."""
@@ -542,11 +496,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._at_boundary = interval is not None and (ctrl.step + 1) % interval == 0
         acc_sq = 0.0
         if self._at_boundary:   # Accordion: the interval's gradient sum, then start a new sum
-            acc_sq = sum(float(b.accumulated.double().pow(2).sum()) for b in self._buckets
-                         if b.accumulated is not None)
-            for b in self._buckets:
-                if b.accumulated is not None:
-                    b.accumulated.zero_()
+            acc_sq = self._interval.take_squared_norm(self._buckets)
         s2 = self._scale * self._scale
         n = self._norms
         return StepStats(ef_sq=float(n[0]) / s2, min_sq=float(n[1]) / s2, candidate_sq=float(n[2]) / s2,
@@ -560,13 +510,13 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             return
         # theta_min == 1 keeps everything: the candidate then comes from g_ef directly.
         comp_min = self._compressor(decision.theta_min if decision.theta_min > DENSE else decision.candidate_cf)
-        if getattr(comp_min, "low_rank", False):
+        if comp_min.low_rank:
             if poison:
                 g_ef = torch.full_like(g_ef, float("nan"))
             self._send(bucket, LowRankTransfer(self._link, name, bucket, g_ef, comp_min, self._warm,
                                                bucket.update_residual, with_stats))
             return
-        self._set_step(comp_min, bucket)
+        comp_min.set_step(self._step_index, bucket.index)   # shared-seed draws: per (step, bucket)
         payload_min, ctx = comp_min.compress(g_ef)
         payload_c = payload_min
         if decision.theta_min == DENSE:
@@ -578,9 +528,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             min_sq = ef_sq if payload_min is None else _sq(payload_min.values)
             c_sq = min_sq if payload_c is payload_min else _sq(payload_c.values)
             self._norms += torch.stack([ef_sq, min_sq, c_sq]).double().cpu()
-        quality = getattr(comp_min, "last_quality", None)
-        if quality is not None and measure:
-            self._quality.append(float(quality))
+        if comp_min.last_quality is not None and measure:
+            self._quality.append(float(comp_min.last_quality))
         if decision.send_cf == DENSE:
             if poison:
                 g_ef[0] = float("nan")
@@ -601,10 +550,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     def _bucket_name(self, bucket) -> str:
         return f"{self._prefix}.bucket.{bucket.index}"
-
-    def _set_step(self, comp, bucket):
-        if hasattr(comp, "set_step"):   # shared-seed compressors draw per (step, bucket)
-            comp.set_step(self._step_index, bucket.index)
 
     # -- synchronize -------------------------------------------------------------------------
     def synchronize(self):
@@ -666,8 +611,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             return
         if rollback:
             self._memory.restore(key)
-            if bucket.accumulated_backup is not None:
-                bucket.accumulated.copy_(bucket.accumulated_backup)
+            self._interval.rollback(key)
             return
         bucket.transfer.commit(self._memory, key)
         self._memory.unscale(key, self._scale)
@@ -708,11 +652,47 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._step_start = time.perf_counter()
         self._reset_step_counters()
 
-    def _drop_consensus(self) -> None:
-        """Forget a decision broadcast in flight (elastic recovery: its collective failed
-        with the world it ran in)."""
+    # -- elastic training (horovod_gravac/elastic.py uses only these) ----------------------
+    @property
+    def timeout_s(self) -> float:
+        """Seconds any collective of this optimizer may take (``math.inf``: no limit)."""
+        return self._timeout
+
+    def drop_in_flight(self) -> None:
+        """Forget a step that was interrupted (buckets launched, collectives never finished):
+        their handles died with the old world.  A decision broadcast still in flight is
+        dropped too, so it cannot overwrite a state restored afterwards."""
         if self._exchange is not None:
             self._exchange.drop()
+        for bucket in self._buckets:
+            bucket.reset()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+        self._reset_step_counters()
+        self._step_start = None
+        self._synchronized = False
+
+    def reset_residuals(self) -> None:
+        """Zero this rank's pending state: residuals, momentum-correction velocities,
+        Accordion's interval sums; PowerSGD's warm starts go back to the seeded Q."""
+        self._memory.reset()
+        self._interval.reset()
+        self._warm.clear()
+
+    def set_world_size(self, n: int) -> bool:
+        """Take ``n`` ranks as the world (after a membership change); GraVAC's EWMA factor
+        follows it.  Returns whether it changed."""
+        changed = n != self._world
+        self._world = n
+        ctrl = self.controller
+        if hasattr(ctrl, "set_world_size"):
+            ctrl.set_world_size(n)   # GraVAC: EWMA factor N/100 unless ewma_alpha was given
+        return changed
+
+    def mark_state_synced(self) -> None:
+        """Every rank already holds rank 0's controller state and step index: skip the
+        once-per-optimizer sync before the first bucket (a joining worker would run it alone)."""
+        self._state_synced = True
 
     @property
     def _world(self) -> int:
@@ -780,22 +760,22 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     # -- state -------------------------------------------------------------------------------
     def gravac_state_dict(self) -> dict:
-        """Controller state and residuals (per parameter name, so bucketing may change),
-        with ``meta`` (what the state was written for: controller settings, compressor,
-        world size, rank, parameter layout) and a CRC-32 of each residual
+        """Controller state, step index, and this rank's residuals, momentum-correction
+        velocities, Accordion interval sums and PowerSGD warm starts (per parameter name,
+        so bucketing may change), with ``meta`` (what the state was written for: controller settings, compressor,
+        world size, rank, parameter layout) and a CRC-32 of each per-rank buffer
         (``horovod_gravac/checkpoint.py``)."""
         from . import checkpoint
         ctrl = self.controller   # waits for a decision broadcast in flight
-        residuals = {}
-        for b in self._buckets:
-            buf = self._memory.residuals.get(b.index)
-            if buf is not None:
-                for name, (s, e) in zip(b.names, b.offsets):
-                    residuals[name] = buf[s:e].clone()
-        return {"controller": ctrl.state_dict(), "residuals": residuals,
+        memory = self._memory.state_dict(self._buckets)
+        accumulated = self._interval.state_dict(self._buckets)
+        return {"controller": ctrl.state_dict(), "residuals": memory["residuals"],
+                "velocities": memory["velocities"], "accumulated": accumulated,
                 "step": self._step_index,
                 "lowrank_q": self._warm.state_dict(),
-                "residual_crc32": checkpoint.residual_checksums(residuals),
+                "residual_crc32": checkpoint.residual_checksums(memory["residuals"]),
+                "velocity_crc32": checkpoint.residual_checksums(memory["velocities"]),
+                "accumulated_crc32": checkpoint.residual_checksums(accumulated),
                 "meta": checkpoint.optimizer_meta(self, comm.rank())}
 
     def load_gravac_state_dict(self, state: dict) -> None:
@@ -823,14 +803,11 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                     f"this optimizer's own controller instead") from exc
         self._step_index = int(state["step"])
         self._warm.load_state_dict(state.get("lowrank_q", {}))
-        for b in self._buckets:
-            if any(n in state["residuals"] for n in b.names):
-                buf = self._memory.buffer(b.index, b.numel, b.device)
-                for name, (s, e) in zip(b.names, b.offsets):
-                    if name in state["residuals"]:
-                        buf[s:e].copy_(state["residuals"][name])
-            elif not state["residuals"] and b.index in self._memory.residuals:
-                self._memory.residuals[b.index].zero_()   # a re-targeted state: from zero
+        # Each part loads its own; states written before velocities and interval sums
+        # were saved leave those as they are.
+        self._memory.load_state_dict(state, self._buckets)
+        if "accumulated" in state:
+            self._interval.load_state_dict(state["accumulated"], self._buckets)
 
     def state_dict(self):
         state = super(self.__class__, self).state_dict()
@@ -855,6 +832,37 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     def residual_bytes(self) -> int:
         return self._memory.nbytes()
+
+
+def _check_consistency(opt, named, sample_compressor) -> None:
+    """The start-up check: fail on every rank, with the difference named, if ranks
+    disagree on set-up (``opt``: the optimizer being built; one collective)."""
+    mine = {"collective_prefix": opt._prefix, "controller": opt._controller.config(),
+            "momentum_correction": opt._memory.momentum, "local_clip_norm": opt.local_clip_norm,
+            "compressor": repr(sample_compressor),
+            "backward_passes_per_step": opt.backward_passes_per_step,
+            "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
+            # The bucket layout (from bucket_cap_mb and groups): every rank must cut the
+            # same buckets, or the collectives of a bucket index carry different tensors.
+            "bucket_cap_mb": {"bucket_sizes": [b.numel for b in opt._buckets],
+                              "bucket_params": [b.names for b in opt._buckets]}}
+    mine.update({"op": int(opt.op), "gradient_predivide_factor": opt.gradient_predivide_factor,
+                 "compression": getattr(opt._wire, "__name__", type(opt._wire).__name__),
+                 "sparse_as_dense": opt.sparse_as_dense, "nonfinite": opt._nonfinite_policy,
+                 "grad_scaler": opt._grad_scaler is not None, "join_safe": opt._join_safe})
+    everyone = comm.allgather_object(mine, name=f"{opt._prefix}.consistency", timeout=opt._timeout,
+                                     process_set=opt.process_set)
+    for r, theirs in enumerate(everyone):
+        for key in mine:
+            if theirs.get(key) != everyone[0].get(key):
+                hint = {"collective_prefix": " Every rank must build its DistributedOptimizers "
+                                             "in the same order.",
+                        "bucket_cap_mb": " The bucket layout differs: every rank must pass the "
+                                         "same bucket_cap_mb (and groups)."}.get(key, "")
+                raise ValueError(
+                    f"horovod_gravac: rank {r} differs from rank 0 in '{key}': "
+                    f"{_short(theirs.get(key))} vs {_short(everyone[0].get(key))}. All ranks must "
+                    f"use the same model, compressor and controller settings.{hint}")
 
 
 _optimizers_built = itertools.count()
@@ -957,18 +965,19 @@ def _check_passes(passes) -> None:
 def _is_gravac_compressor(obj) -> bool:
     """A horovod_gravac compressor (class, instance), as opposed to a Horovod one."""
     if isinstance(obj, type):
-        return issubclass(obj, SparseCompressor) or hasattr(obj, "compress_further") \
-            or getattr(obj, "low_rank", False)
-    return isinstance(obj, SparseCompressor) or hasattr(obj, "compress_further") \
-        or getattr(obj, "low_rank", False)
+        return issubclass(obj, GradientCompressor)
+    return isinstance(obj, GradientCompressor)
 
 
-def _compressor_factory(compressor) -> Callable[[float], SparseCompressor]:
+def _compressor_factory(compressor) -> Callable[[float], GradientCompressor]:
     """Accept a compressor class, an instance (its class and settings are reused per CF),
     or a callable ``cf -> compressor``."""
     if compressor is None:
         compressor = TopKCompressor
     if not isinstance(compressor, type) and hasattr(compressor, "compress"):
+        if not isinstance(compressor, GradientCompressor):
+            raise ValueError(f"compressor {compressor!r} is not a horovod_gravac compressor (a "
+                             f"horovod_gravac.compressors.GradientCompressor); Horovod's own go to compression=")
         template = compressor
 
         def from_instance(cf):   # same settings, its own state (e.g. a private generator)
@@ -979,8 +988,9 @@ def _compressor_factory(compressor) -> Callable[[float], SparseCompressor]:
     if callable(compressor):
         def factory(cf):
             comp = compressor(cf=check_cf(cf))
-            if not hasattr(comp, "compress") or not hasattr(comp, "compress_further"):
-                raise ValueError(f"compressor factory returned {comp!r}, which is not a sparse compressor")
+            if not isinstance(comp, GradientCompressor):
+                raise ValueError(f"compressor factory returned {comp!r}, which is not a horovod_gravac "
+                                 f"compressor (a horovod_gravac.compressors.GradientCompressor)")
             return comp
         return factory
     raise ValueError(f"compressor must be a compressor class, instance or factory, got {compressor!r}")
