@@ -7,11 +7,14 @@ besides the controller state, the step index and this rank's residuals:
   controller's type and settings (``controller.config()``), the compressor (its repr,
   as in the start-up check), the world size, the rank, and the parameter layout
   (name, shape, dtype of every trainable parameter, in the optimizer's order);
-- ``residual_crc32``: a CRC-32 of each residual's bytes.
+- ``residual_crc32``: a CRC-32 of each residual's bytes (and ``velocity_crc32``,
+  ``accumulated_crc32`` for the momentum-correction velocities and Accordion's interval
+  sums, which are per-rank buffers too).
 
 ``optimizer.load_state_dict`` / ``load_gravac_state_dict`` compare ``meta`` with the
 optimizer that loads it (:func:`check_compatible`) and verify every residual's
 checksum (:func:`verify_residuals`); any difference raises ``ValueError`` naming it.
+States written before velocities and interval sums were saved load as before.
 
 Loading a state that was written for another rank or world size is refused, because the
 residuals (the part of the gradient this rank has not sent yet) belong to the rank that
@@ -24,7 +27,7 @@ times.  To load such a state on purpose, re-target it explicitly::
                                              world_size=hvd.size())
     opt.load_state_dict(state["optimizer"])                     # residuals start from zero
 
-:func:`retarget` drops the residuals (they start from zero, as after
+:func:`retarget` drops the residuals, velocities and interval sums (they start from zero, as after
 ``horovod_gravac.elastic.reset_for_new_world``) and records the new rank and world
 size.  ``retarget(..., controller=True)`` also drops the controller state, for a
 deliberate change of controller or controller settings: the loading optimizer then
@@ -92,24 +95,31 @@ def residual_checksums(residuals: dict) -> dict:
     return {name: crc32(t) for name, t in residuals.items()}
 
 
+#: The per-rank buffers of a state, by parameter name: (key, checksum key, what one is).
+PER_RANK = (("residuals", "residual_crc32", "residual"),
+            ("velocities", "velocity_crc32", "momentum-correction velocity"),
+            ("accumulated", "accumulated_crc32", "Accordion interval sum"))
+
+
 def verify_residuals(state: dict) -> None:
-    """Raise ``CheckpointError`` (a ``ValueError``) when a residual's bytes do not match the
-    checksum written with it, or a residual has no checksum."""
-    sums = state.get("residual_crc32")
-    if sums is None:
-        return   # written before checksums existed (see check_compatible)
-    residuals = state.get("residuals", {})
-    missing = sorted(set(residuals) ^ set(sums))
-    if missing:
-        raise CheckpointError(f"horovod_gravac: checkpoint residuals and their checksums do not "
-                              f"match up: {_short(missing)} (a hand-edited state?)")
-    for name, t in residuals.items():
-        got = crc32(t)
-        if got != sums[name]:
-            raise CheckpointError(
-                f"horovod_gravac: checkpoint residual of parameter {name!r} is corrupted: CRC-32 "
-                f"{got:#010x}, written as {sums[name]:#010x}. The file was damaged after it was "
-                f"written; use another checkpoint (or retarget(...) to drop the residuals).")
+    """Raise ``CheckpointError`` (a ``ValueError``) when a residual's (velocity's, interval
+    sum's) bytes do not match the checksum written with it, or one has no checksum."""
+    for key, crc_key, what in PER_RANK:
+        sums = state.get(crc_key)
+        if sums is None:
+            continue   # written before these checksums existed (see check_compatible)
+        buffers = state.get(key, {})
+        missing = sorted(set(buffers) ^ set(sums))
+        if missing:
+            raise CheckpointError(f"horovod_gravac: checkpoint {key} and their checksums do not "
+                                  f"match up: {_short(missing)} (a hand-edited state?)")
+        for name, t in buffers.items():
+            got = crc32(t)
+            if got != sums[name]:
+                raise CheckpointError(
+                    f"horovod_gravac: checkpoint {what} of parameter {name!r} is corrupted: CRC-32 "
+                    f"{got:#010x}, written as {sums[name]:#010x}. The file was damaged after it was "
+                    f"written; use another checkpoint (or retarget(...) to drop the residuals).")
 
 
 def check_compatible(saved: Optional[dict], current: dict) -> None:
@@ -143,8 +153,8 @@ def check_compatible(saved: Optional[dict], current: dict) -> None:
 def retarget(state: dict, rank: Optional[int] = None, world_size: Optional[int] = None,
              controller: bool = False) -> dict:
     """A copy of an optimizer state dict (``opt.state_dict()``) or of its ``"gravac"`` part,
-    made loadable on ``rank`` of ``world_size`` ranks: this rank's residuals are dropped
-    (they start from zero) and ``meta`` records the new rank and world size.
+    made loadable on ``rank`` of ``world_size`` ranks: this rank's residuals (velocities,
+    interval sums) are dropped (they start from zero) and ``meta`` records the new rank and world size.
 
     ``controller=True`` also drops the controller state and its recorded settings, so an
     optimizer with another controller (or other controller settings) can load it; it then
@@ -155,8 +165,9 @@ def retarget(state: dict, rank: Optional[int] = None, world_size: Optional[int] 
     if "residuals" not in gravac:
         raise CheckpointError("horovod_gravac: retarget() needs an optimizer state dict "
                               "(opt.state_dict()) or its 'gravac' part")
-    gravac["residuals"] = {}
-    gravac["residual_crc32"] = {}
+    for key, crc_key, _ in PER_RANK:
+        if key in gravac or key == "residuals":
+            gravac[key], gravac[crc_key] = {}, {}
     meta = copy.deepcopy(gravac.get("meta")) if gravac.get("meta") is not None else None
     if meta is not None:
         if rank is not None:

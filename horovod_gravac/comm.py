@@ -1,29 +1,7 @@
-"""The one seam where Horovod is called, and the sparse wire format.
+"""The one seam where Horovod is called.
 
-Wire format of a sparse payload: one contiguous int32 tensor of shape (k, 2);
-column 0 holds the fp32 values' bits, column 1 the int32 flat indices.  One
-``hvd.allgather`` per bucket concatenates every rank's rows along dim 0, whatever
-k each rank chose, so no sizes need to be exchanged first: 8 bytes per kept
-entry and nothing else.  Aggregation *adds* colliding indices (``index_add_``),
-then divides by the number of ranks.
-
-Payloads whose indices are the same on every rank (Random-k with a shared seed)
-skip the indices: a dense allreduce of the k values, 4 bytes per entry.
-
-Statistics ride along: an adaptive controller needs every step's squared norms
-averaged over the ranks.  Instead of a collective of their own (or a Horovod grouped
-operation, which copies the whole bucket through the fusion buffer), they travel
-inside one bucket's own tensor:
-
-* allgather: each rank's block starts with ``1 + 2 * n`` header rows whose index
-  column points at a slack slot just past the bucket (so ``index_add_`` needs no
-  parsing and drops them): row 0 holds the block's payload row count, the next
-  rows the n float64 statistics as int32 words.  Every rank reads every rank's
-  header (N small reads) and averages in rank order: the same bits everywhere;
-* allreduce: the statistics are appended to the tensor as float32 and averaged with
-  it: about 7 significant digits (plenty for gains compared with epsilon and omega),
-  float32's range (a sum of squares past 3.4e38 arrives as inf, and the optimizer
-  then treats the step as non-finite).
+The wire format (how payloads and statistics are laid out in a collective's
+tensor) is ``wire.py``'s, re-exported here.
 
 Bounded waits: every wait here takes a ``timeout`` in seconds (``math.inf``: no
 limit; ``None``: ``$HOROVOD_GRAVAC_TIMEOUT``, else 600 s).  A bounded wait polls
@@ -53,7 +31,6 @@ import os
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from typing import Optional
 
 import cloudpickle
@@ -62,7 +39,8 @@ import torch
 import horovod.torch as hvd
 import horovod.torch as _horovod
 
-from .compressors.base import SparsePayload
+from .wire import (N_STATS, StepStats, header_rows, pack, pack_slot, read_header_stats,  # noqa: F401
+                   read_slot_stats, slot_rows, split_stats, unpack_sum, with_stats)
 
 #: Environment variable read when ``DistributedOptimizer(timeout_s=None)``.
 TIMEOUT_ENV = "HOROVOD_GRAVAC_TIMEOUT"
@@ -185,122 +163,6 @@ def rank() -> int:
 
 def size() -> int:
     return hvd.size()
-
-
-# -- sparse wire format ------------------------------------------------------------
-def header_rows(n: int) -> int:
-    """Rows of a statistics header in front of a rank's allgather block: the payload's
-    row count, then ``n`` float64 statistics as two int32 words each."""
-    return 1 + 2 * n
-
-
-def pack(payload: SparsePayload, stats: Optional[torch.Tensor] = None, numel: int = 0) -> torch.Tensor:
-    """The (k, 2) int32 wire buffer; with ``stats`` (float64) a header in front of it
-    (see the module docstring; ``numel``: the bucket's size, the header's slack index)."""
-    k = payload.values.numel()
-    head = 0 if stats is None else header_rows(stats.numel())
-    out = torch.empty((head + k, 2), dtype=torch.int32, device=payload.values.device)
-    out[head:, 0] = payload.values.to(torch.float32).view(torch.int32)
-    out[head:, 1] = payload.indices
-    if stats is not None:
-        out[:head, 1] = numel
-        out[0, 0] = k
-        out[1:head, 0] = stats.to(device=out.device, dtype=torch.float64).view(torch.int32)
-    return out
-
-
-def unpack_sum(gathered: torch.Tensor, numel: int) -> torch.Tensor:
-    """Dense fp32 sum of every rank's rows of a gathered (sum_k, 2) buffer (header rows,
-    whose index is ``numel``, land in a slack slot that is dropped).
-
-    Every rank computes this sum itself, so it must come out bit for bit the same on
-    each: colliding indices are added in the gathered (rank) order.  On the CPU
-    ``index_add_`` does that; on CUDA it adds with atomics in whatever order threads
-    arrive, and with three or more ranks the rounding could differ between ranks (their
-    parameters would drift apart), so there it runs under PyTorch's deterministic mode."""
-    out = torch.zeros(numel + 1, dtype=torch.float32, device=gathered.device)
-    if gathered.numel():
-        values = gathered[:, 0].view(torch.float32)
-        with _deterministic_if(_adds_with_atomics(out)):
-            out.index_add_(0, gathered[:, 1].long(), values)
-    return out[:numel]
-
-
-def _adds_with_atomics(t: torch.Tensor) -> bool:
-    """Whether ``index_add_`` on ``t`` may add colliding entries in a varying order
-    (tests patch this to run the deterministic branch on the CPU)."""
-    return t.device.type != "cpu"
-
-
-@contextmanager
-def _deterministic_if(needed: bool):
-    """PyTorch's deterministic algorithms for the calls inside, restored afterwards.
-    ``warn_only``: an op elsewhere in the process that has no deterministic version
-    warns instead of failing while the switch is on."""
-    if not needed or torch.are_deterministic_algorithms_enabled():
-        yield
-        return
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(False, warn_only=warn_only)
-
-
-def read_header_stats(gathered: torch.Tensor, world: int, n: int) -> torch.Tensor:
-    """The rank-averaged float64 statistics from the headers of a gathered buffer."""
-    head, pos, rows = header_rows(n), 0, []
-    for r in range(world):
-        block = gathered[pos:pos + head, 0].cpu()
-        if block.numel() != head:
-            raise RuntimeError(f"horovod_gravac: malformed statistics header of rank {r} "
-                               f"(gathered {gathered.shape[0]} rows)")
-        rows.append(block[1:].contiguous().view(torch.float64))
-        pos += head + int(block[0])
-    if pos != gathered.shape[0]:
-        raise RuntimeError(f"horovod_gravac: statistics headers cover {pos} of {gathered.shape[0]} "
-                           f"gathered rows; ranks disagree on the wire format")
-    return torch.stack(rows).sum(0).div_(world)
-
-
-def slot_rows(k_cap: int, n_stats: int) -> int:
-    """Rows of one rank's slot in the join-safe sparse format: a statistics header (always,
-    so the payload's row count travels), then up to ``k_cap`` payload rows."""
-    return header_rows(n_stats) + k_cap
-
-
-def pack_slot(payload: SparsePayload, stats: Optional[torch.Tensor], numel: int, world: int,
-              rank: int, k_cap: int, n_stats: int) -> torch.Tensor:
-    """Join-safe sparse wire: a ``(world * slot_rows, 2)`` int32 buffer, zero except this
-    rank's slot, so an allreduce (sum) of it is an allgather that Horovod's ``join`` allows:
-    a joined rank adds zeros, which read as an empty payload.  Payloads longer than
-    ``k_cap`` must be cut by the caller (what is not sent stays in the residual)."""
-    rows = slot_rows(k_cap, n_stats)
-    out = torch.zeros((world * rows, 2), dtype=torch.int32, device=payload.values.device)
-    block = pack(payload, stats if stats is not None else torch.zeros(n_stats, dtype=torch.float64), numel)
-    out[rank * rows: rank * rows + block.shape[0]] = block
-    free = out[rank * rows + block.shape[0]: (rank + 1) * rows]
-    free[:, 1] = numel   # unused rows land in the slack slot too
-    return out
-
-
-def read_slot_stats(summed: torch.Tensor, world: int, k_cap: int, n_stats: int) -> torch.Tensor:
-    """The statistics of every slot of a summed join-safe buffer, averaged over ``world``
-    (a joined rank's slot is zeros: it counts as zero, as in Horovod's joined average)."""
-    rows, head = slot_rows(k_cap, n_stats), header_rows(n_stats)
-    blocks = summed.view(world, rows, 2)[:, 1:head, 0].cpu().contiguous()
-    return blocks.view(torch.float64).sum(0).div_(world)
-
-
-def with_stats(flat: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
-    """A copy of ``flat`` (float32) with ``stats`` appended as float32, for an allreduce."""
-    return torch.cat([flat.reshape(-1).float(), stats.float().to(flat.device)])
-
-
-def split_stats(reduced: torch.Tensor, n: int):
-    """``(tensor, float64 statistics)`` from the result of allreducing ``with_stats``."""
-    return reduced[:-n], reduced[-n:].double().cpu()
 
 
 # -- collectives -------------------------------------------------------------------

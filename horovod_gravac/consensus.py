@@ -26,28 +26,25 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import List
 
 import torch
 
 from . import comm
 from .controllers import Controller, Decision, StepObservation
-
-# Statistics per step and rank that ride with the carrier bucket: squared norms of
-# g_ef, g_min and g_c, of the raw gradient, Accordion's interval sum, NaN/Inf flag.
-N_STATS = 6
+from .wire import N_STATS, StepStats  # noqa: F401  (N_STATS: part of this module's API)
 # Keys of ``optimizer.stats`` filled in by the exchange (None until it completes).
 CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compression_throughput", "next_cf")
 
 
-def observation(step_stats: List[float], step_time: float, world: int, at_boundary: bool) -> StepObservation:
+def observation(step_stats: StepStats, step_time: float, world: int, at_boundary: bool) -> StepObservation:
     """The controller's view of one step, from the rank-averaged statistics."""
+    s = step_stats
     return StepObservation(
-        ef_sq=step_stats[0], min_sq=step_stats[1], candidate_sq=step_stats[2],
-        step_time=step_time, samples=float(world), grad_sq=step_stats[3],
-        accumulated_sq=step_stats[4] if at_boundary else None,
+        ef_sq=s.ef_sq, min_sq=s.min_sq, candidate_sq=s.candidate_sq,
+        step_time=step_time, samples=float(world), grad_sq=s.grad_sq,
+        accumulated_sq=s.accumulated_sq if at_boundary else None,
         # Not finite: a rank saw NaN/Inf, or a float32-carried statistic overflowed.
-        finite=step_stats[5] == 0.0 and all(map(math.isfinite, step_stats)))
+        finite=s.nonfinite == 0.0 and all(map(math.isfinite, s.to_list())))
 
 
 class _Exchange:
@@ -82,7 +79,7 @@ class DecisionExchange(_Exchange):
     def is_root(self) -> bool:
         return comm.group_rank(self.process_set) == 0
 
-    def start(self, step_stats: List[float], step_time: float, world: int, at_boundary: bool,
+    def start(self, step_stats: StepStats, step_time: float, world: int, at_boundary: bool,
               observe: bool, stats: dict) -> None:
         """Submit this step's broadcast.  ``observe=False``: the step is not fed to the
         controller (every rank skipped it: a loss-scaler overflow)."""
@@ -151,7 +148,7 @@ class JoinSafeExchange(_Exchange):
     the step index alone.  Statistics of step t are filled in when step t+1 starts.
     Pending: (step_stats, step_time, world, at_boundary, observe, stats)."""
 
-    def start(self, step_stats: List[float], step_time: float, world: int, at_boundary: bool,
+    def start(self, step_stats: StepStats, step_time: float, world: int, at_boundary: bool,
               observe: bool, stats: dict) -> None:
         self._pending = (step_stats, step_time, world, at_boundary, observe, stats)
 

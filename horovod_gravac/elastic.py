@@ -65,7 +65,8 @@ __all__ = ["TorchState", "GravacOptimizerStateHandler", "is_gravac_optimizer",
 
 def is_gravac_optimizer(obj) -> bool:
     """True for an optimizer returned by ``horovod_gravac.DistributedOptimizer``."""
-    return callable(getattr(obj, "gravac_state_dict", None)) and hasattr(obj, "_buckets")
+    return all(callable(getattr(obj, m, None)) for m in ("gravac_state_dict", "drop_in_flight",
+                                                         "reset_residuals", "set_world_size"))
 
 
 def clear_in_flight(optimizer) -> None:
@@ -75,40 +76,15 @@ def clear_in_flight(optimizer) -> None:
     next ``zero_grad()`` would otherwise refuse to run ("called before step()").  A
     consensus exchange still in flight is let finish (its collectives fail with the old
     world) and ignored, so it cannot overwrite the state restored afterwards."""
-    if hasattr(optimizer, "_drop_consensus"):
-        optimizer._drop_consensus()
-    for bucket in optimizer._buckets:
-        bucket.reset()
-        if getattr(bucket, "lowrank", None) is not None:
-            bucket.lowrank = None
-    for p in optimizer._delay:
-        optimizer._delay[p] = optimizer.backward_passes_per_step
-    optimizer._reset_step_counters()
-    optimizer._step_start = None
-    optimizer._synchronized = False
-
-
-def _apply_world_size(optimizer, n: int) -> bool:
-    changed = n != optimizer._world
-    optimizer._world = n
-    ctrl = optimizer.controller
-    if hasattr(ctrl, "set_world_size"):
-        ctrl.set_world_size(n)   # GraVAC: EWMA factor N/100 unless ewma_alpha was given
-    return changed
+    optimizer.drop_in_flight()
 
 
 def reset_for_new_world(optimizer) -> None:
     """Make the optimizer fit the current Horovod world (call on every rank after
     ``hvd.shutdown(); hvd.init()``).  See the module docstring for what is reset."""
-    clear_in_flight(optimizer)
-    optimizer._memory.reset()                  # residuals: zero on every rank
-    for bucket in optimizer._buckets:
-        if bucket.accumulated is not None:     # Accordion's sum over the interval
-            bucket.accumulated.zero_()
-    lowrank_q = getattr(optimizer, "_lowrank_q", None)
-    if lowrank_q:                              # PowerSGD warm starts: back to the seeded Q
-        lowrank_q.clear()
-    if _apply_world_size(optimizer, comm.size()) and hasattr(optimizer.controller, "throughput"):
+    optimizer.drop_in_flight()
+    optimizer.reset_residuals()   # residuals, velocities, interval sums: zero; warm starts: seeded
+    if optimizer.set_world_size(comm.size()) and hasattr(optimizer.controller, "throughput"):
         optimizer.controller.throughput = ThroughputTable()
 
 
@@ -121,16 +97,15 @@ def sync_optimizer_state(optimizer, root_rank: int = 0) -> None:
     state = optimizer.state_dict()
     gravac = state.pop("gravac")
     shared = {"optimizer": state, "controller": gravac["controller"], "step": gravac["step"]}
-    shared = comm.broadcast_object(shared, name="gravac.elastic.sync",
-                                   timeout=getattr(optimizer, "_timeout", None))
+    shared = comm.broadcast_object(shared, name="gravac.elastic.sync", timeout=optimizer.timeout_s)
     merged = dict(shared["optimizer"])
     merged["gravac"] = {"controller": shared["controller"], "residuals": gravac["residuals"],
                         "step": shared["step"]}
     optimizer.load_state_dict(merged)
-    _apply_world_size(optimizer, comm.size())
+    optimizer.set_world_size(comm.size())
     # Every rank now holds rank 0's controller state and step index: the once-per-optimizer
     # sync before the first bucket must not run again (a joining worker would run it alone).
-    optimizer._state_synced = True
+    optimizer.mark_state_synced()
 
 
 class GravacOptimizerStateHandler(StateHandler):

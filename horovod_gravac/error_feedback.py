@@ -16,12 +16,44 @@ a velocity ``u = m*u + g`` per bucket is accumulated into the residual instead o
 ``g`` (``v = v + u``), and both ``u`` and ``v`` are cleared where entries were sent
 (momentum factor masking).  Use it with a momentum-free optimizer: the correction
 *is* the momentum.
+
+Both save themselves by parameter name (``state_dict(buckets)``), so a checkpoint
+survives another bucketing; so does :class:`IntervalSum`, Accordion's running sum of
+the raw gradients over the current interval.
 """
 from __future__ import annotations
 
 from typing import Dict, Iterable, Optional
 
 import torch
+
+
+def save_by_name(buffers: Dict[int, torch.Tensor], buckets) -> Dict[str, torch.Tensor]:
+    """Per-bucket flat buffers as ``{parameter name: copy of its slice}`` (``buckets``:
+    objects with ``index``, ``names`` and ``offsets``)."""
+    out = {}
+    for b in buckets:
+        buf = buffers.get(b.index)
+        if buf is not None:
+            for name, (s, e) in zip(b.names, b.offsets):
+                out[name] = buf[s:e].clone()
+    return out
+
+
+def load_by_name(buffers: Dict[int, torch.Tensor], saved: Dict[str, torch.Tensor], buckets) -> None:
+    """The inverse of :func:`save_by_name`: the saved slices are copied in (a bucket without
+    a buffer gets a zero one first); an empty ``saved`` (a re-targeted state) zeroes the
+    buffers that exist."""
+    for b in buckets:
+        if any(n in saved for n in b.names):
+            buf = buffers.get(b.index)
+            if buf is None or buf.numel() != b.numel or buf.device != torch.device(b.device):
+                buf = buffers[b.index] = torch.zeros(b.numel, dtype=torch.float32, device=b.device)
+            for name, (s, e) in zip(b.names, b.offsets):
+                if name in saved:
+                    buf[s:e].copy_(saved[name])
+        elif not saved and b.index in buffers:
+            buffers[b.index].zero_()
 
 
 class ErrorFeedback:
@@ -123,6 +155,75 @@ class ErrorFeedback:
         for buf in list(self.residuals.values()) + list(self.velocities.values()):
             buf.zero_()
 
+    def drop(self, key: int, start: int, end: int) -> None:
+        """Entries ``[start, end)`` of bucket ``key`` left it (a gradient that turned out
+        sparse): keep the other entries' residual; the velocity starts again."""
+        old = self.residuals.get(key)
+        if old is not None:
+            self.residuals[key] = torch.cat([old[:start], old[end:]])
+            self.velocities.pop(key, None)
+
+    def state_dict(self, buckets) -> dict:
+        """Residuals and momentum-correction velocities, by parameter name."""
+        return {"residuals": save_by_name(self.residuals, buckets),
+                "velocities": save_by_name(self.velocities, buckets)}
+
+    def load_state_dict(self, state: dict, buckets) -> None:
+        """Load :meth:`state_dict`'s output.  A state without ``velocities`` (written
+        before they were saved) leaves the velocities as they are."""
+        load_by_name(self.residuals, state["residuals"], buckets)
+        if "velocities" in state:
+            load_by_name(self.velocities, state["velocities"], buckets)
+
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size()
                    for b in list(self.residuals.values()) + list(self.velocities.values()))
+
+
+class IntervalSum:
+    """Accordion's running sum of the raw (unscaled) gradients over the current interval,
+    one fp32 buffer per bucket; its squared norm is read (and the sum restarted) at the
+    interval's end."""
+
+    def __init__(self):
+        self.sums: Dict[int, torch.Tensor] = {}
+        self._backups: Dict[int, torch.Tensor] = {}   # see add(backup=True)
+
+    def add(self, key: int, grads, offsets, numel: int, device, scale: float, backup: bool) -> None:
+        """sum += g / scale.  ``backup``: remember the sum before, for :meth:`rollback`
+        (a step that every rank skips: a loss-scaler overflow)."""
+        acc = self.sums.get(key)
+        if acc is None:
+            acc = self.sums[key] = torch.zeros(numel, dtype=torch.float32, device=device)
+        if backup:
+            if key not in self._backups:
+                self._backups[key] = torch.empty_like(acc)
+            self._backups[key].copy_(acc)
+        for g, (s, e) in zip(grads, offsets):
+            if g is not None:
+                acc[s:e].add_(g.reshape(-1), alpha=1.0 / scale)
+
+    def rollback(self, key: int) -> None:
+        if key in self._backups:
+            self.sums[key].copy_(self._backups[key])
+
+    def take_squared_norm(self, buckets) -> float:
+        """The interval's squared norm (summed in bucket order), then a new interval."""
+        total = sum(float(self.sums[b.index].double().pow(2).sum()) for b in buckets if b.index in self.sums)
+        self.reset()
+        return total
+
+    def drop(self, key: int) -> None:
+        """The bucket's layout changed: its sum starts again."""
+        self.sums.pop(key, None)
+        self._backups.pop(key, None)
+
+    def reset(self) -> None:
+        for buf in self.sums.values():
+            buf.zero_()
+
+    def state_dict(self, buckets) -> Dict[str, torch.Tensor]:
+        return save_by_name(self.sums, buckets)
+
+    def load_state_dict(self, saved: Dict[str, torch.Tensor], buckets) -> None:
+        load_by_name(self.sums, saved, buckets)

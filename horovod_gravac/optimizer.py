@@ -52,7 +52,6 @@ import itertools
 import math
 import time
 import warnings
-import zlib
 from contextlib import contextmanager
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -61,13 +60,14 @@ import torch
 import horovod.torch as hvd
 
 from . import comm
-from .compressors.base import FLOAT_DTYPES, SparseCompressor, SparsePayload, check_cf
-from .compressors.powersgd import orthonormalize
+from .compressors.base import FLOAT_DTYPES, GradientCompressor, SparsePayload, check_cf
 from .compressors.topk import TopKCompressor
-from .cf import kept_count
-from .consensus import CONSENSUS_STATS, N_STATS, DecisionExchange, JoinSafeExchange, sync_step_index
+from .consensus import CONSENSUS_STATS, DecisionExchange, JoinSafeExchange, sync_step_index
 from .controllers import DENSE, Controller, Decision, Dense, StaticCF, StepObservation
-from .error_feedback import ErrorFeedback
+from .error_feedback import ErrorFeedback, IntervalSum
+from .transfers import (DenseAllreduce, LowRankTransfer, Link, SharedIndexAllreduce, SlottedSparse,
+                        SparseAllgather, Transfer, WarmStarts)
+from .wire import StepStats
 
 # Horovod's ``broadcast_optimizer_state`` calls the *base* optimizer's ``step()`` (to
 # create momentum buffers etc. without any communication) only for optimizers whose
@@ -84,8 +84,6 @@ class _Bucket:
 
     def __init__(self, index: int, named: List[Tuple[str, torch.nn.Parameter]]):
         self.index = index
-        self.accumulated: Optional[torch.Tensor] = None   # Accordion's gradient sum
-        self.accumulated_backup: Optional[torch.Tensor] = None
         self._set_params(named)
         self.reset()
 
@@ -106,24 +104,18 @@ class _Bucket:
         old = self.offsets[i]
         named = [(n, q) for n, q in zip(self.names, self.params) if q is not p]
         self._set_params(named)
-        self.accumulated = None
-        self.accumulated_backup = None
         return old
 
     def reset(self):
         self.ready = 0
-        self.handle = None
-        self.kind = None        # "dense" | "sparse" | "shared" | "lowrank"; None: not launched
-        self.start = None       # the held-back collective of the stats-carrying bucket
-        self.payload = None     # the SparsePayload sent (shared-index path)
-        self.sent_indices = None        # entries sent exactly (residual zeroed there)
+        self.transfer: Optional[Transfer] = None   # this step's collective(s); None: not launched
         self.update_residual = False    # the residual was formed this step
         self.parked: List[Tuple[int, int, torch.Tensor]] = []   # frozen params' residual slices
-        self.wire_ctx = None    # Horovod compression context of the dense wire
-        self.slot_cap = 0       # join-safe sparse wire: payload rows per rank
-        self.with_stats = False # its collective carries the step's statistics
-        self.launched_finite = True     # False: this rank's bucket held NaN/Inf
-        self.lowrank = None     # PowerSGD state between its two collectives
+
+    @property
+    def handle(self):
+        """The collective in flight (None: none, or held back until the step's statistics are complete)."""
+        return None if self.transfer is None else self.transfer.handle
 
 
 def _make_buckets(named: List[Tuple[str, torch.nn.Parameter]], cap_bytes: int,
@@ -185,7 +177,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._grad_scaler = opts["grad_scaler"]
         self._bucket_cap_bytes = int(opts["bucket_cap_mb"] * 2 ** 20)
         self._compressor_factory = _compressor_factory(opts["compressor"])
-        self._compressors: Dict[float, SparseCompressor] = {}
+        self._compressors: Dict[float, GradientCompressor] = {}
         self._included = bool(self.process_set.included())
 
         named_all = _named_list(named_parameters)
@@ -205,17 +197,19 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._prefix = _collective_prefix()
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._delay = {p: self.backward_passes_per_step for _, p in floats}
-        self._memory = ErrorFeedback(opts["momentum_correction"])
+        self._memory = ErrorFeedback(opts["momentum_correction"])   # residuals (and DGC's velocities)
+        self._interval = IntervalSum()   # Accordion's running sum over the interval
         self.local_clip_norm = opts["local_clip_norm"]
-        self._lowrank_q: Dict[tuple, torch.Tensor] = {}   # PowerSGD warm start per (param, rank)
+        self._warm = WarmStarts()   # PowerSGD's Q per (parameter, rank)
         self._sparse: Dict[torch.nn.Parameter, dict] = {}  # params whose gradients are sparse
         sample_compressor = self._compressor_factory(10.0)   # for type checks and the start-up check
-        self._shared_seed = hasattr(sample_compressor, "set_step")
-        if getattr(sample_compressor, "low_rank", False) and controller.needs_consensus \
+        self._shared_seed = sample_compressor.step_seeded
+        if sample_compressor.low_rank and controller.needs_consensus \
                 and not controller.needs_accumulation:
             raise ValueError("controller GraVAC needs a sparsifying compressor (multi-level "
                              "compression); use PowerSGD with Dense, StaticCF or Accordion")
-        self._world = comm.group_size(self.process_set) if self._included else 1
+        self._link = Link(self.process_set, self.op, self.op == hvd.Average, self.gradient_predivide_factor,
+                          comm.group_size(self.process_set) if self._included else 1, self._timeout)
         if hasattr(controller, "set_world_size"):
             controller.set_world_size(self._world)
         # How ranks agree on each step: rank 0's decision broadcast (adaptive controllers),
@@ -228,7 +222,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             self._exchange = DecisionExchange(controller, f"{self._prefix}.decision", self._timeout,
                                               self.process_set)
         if opts["check_consistency"] and self._included and self._world > 1:
-            self._check_consistency(floats, sample_compressor)
+            _check_consistency(self, floats, sample_compressor)
 
         self._synchronized = False
         self._should_synchronize = True
@@ -242,36 +236,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._hooked: set = set()
         if self._included:
             self._register_hooks()
-
-    # -- start-up ----------------------------------------------------------------------
-    def _check_consistency(self, named, sample_compressor):
-        """Fail on every rank, with the difference named, if ranks disagree on set-up."""
-        mine = {"collective_prefix": self._prefix, "controller": self._controller.config(),
-                "momentum_correction": self._memory.momentum, "local_clip_norm": self.local_clip_norm,
-                "compressor": repr(sample_compressor),
-                "backward_passes_per_step": self.backward_passes_per_step,
-                "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
-                # The bucket layout (from bucket_cap_mb and groups): every rank must cut the
-                # same buckets, or the collectives of a bucket index carry different tensors.
-                "bucket_cap_mb": {"bucket_sizes": [b.numel for b in self._buckets],
-                                  "bucket_params": [b.names for b in self._buckets]}}
-        mine.update({"op": int(self.op), "gradient_predivide_factor": self.gradient_predivide_factor,
-                     "compression": getattr(self._wire, "__name__", type(self._wire).__name__),
-                     "sparse_as_dense": self.sparse_as_dense, "nonfinite": self._nonfinite_policy,
-                     "grad_scaler": self._grad_scaler is not None, "join_safe": self._join_safe})
-        everyone = comm.allgather_object(mine, name=f"{self._prefix}.consistency", timeout=self._timeout,
-                                         process_set=self.process_set)
-        for r, theirs in enumerate(everyone):
-            for key in mine:
-                if theirs.get(key) != everyone[0].get(key):
-                    hint = {"collective_prefix": " Every rank must build its DistributedOptimizers "
-                                                 "in the same order.",
-                            "bucket_cap_mb": " The bucket layout differs: every rank must pass the "
-                                             "same bucket_cap_mb (and groups)."}.get(key, "")
-                    raise ValueError(
-                        f"horovod_gravac: rank {r} differs from rank 0 in '{key}': "
-                        f"{_short(theirs.get(key))} vs {_short(everyone[0].get(key))}. All ranks must "
-                        f"use the same model, compressor and controller settings.{hint}")
 
     def _register_hooks(self) -> None:
         """A post-accumulate hook on every parameter that requires a gradient and has none
@@ -306,7 +270,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return 1 + max((b.index for b in self._buckets), default=-1)
 
     # -- compressors ---------------------------------------------------------------------
-    def _compressor(self, cf: float) -> SparseCompressor:
+    def _compressor(self, cf: float) -> GradientCompressor:
         comp = self._compressors.get(cf)
         if comp is None:
             comp = self._compressors[cf] = self._compressor_factory(cf)
@@ -328,7 +292,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                     return
                 bucket = self._bucket_of[p]
                 bucket.ready += 1
-                if bucket.ready >= bucket.expected and bucket.kind is None:
+                if bucket.ready >= bucket.expected and bucket.transfer is None:
                     self._launch(bucket)
         return hook
 
@@ -369,7 +333,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._quality: List[float] = []
         self._launched = 0                 # buckets launched this step
         self._control_bytes = 0            # statistics carried for the controller
-        self._step_stats: Optional[List[float]] = None   # rank-averaged, from the carrier bucket
+        self._step_stats: Optional[StepStats] = None     # rank-averaged, from the carrier bucket
         self._at_boundary = False          # Accordion: this step ends an interval
         self._step_open = False            # a hook of this step has run
 
@@ -393,17 +357,15 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def _detach_sparse(self, p) -> dict:
         bucket = self._bucket_of.pop(p)
         name = bucket.names[[i for i, q in enumerate(bucket.params) if q is p][0]]
-        old = self._memory.residuals.get(bucket.index)
         start, end = bucket.remove(p)
-        if old is not None:   # keep the other parameters' residuals
-            self._memory.residuals[bucket.index] = torch.cat([old[:start], old[end:]])
-            self._memory.velocities.pop(bucket.index, None)
+        self._memory.drop(bucket.index, start, end)   # the other parameters keep their residuals
+        self._interval.drop(bucket.index)
         bucket.expected = self._hooks_to_wait_for(bucket)
         if not bucket.params:
             self._buckets.remove(bucket)
             if self._carrier is bucket:
                 self._carrier = self._buckets[-1] if self._buckets else None
-        elif bucket.ready >= bucket.expected and bucket.kind is None and bucket.ready > 0:
+        elif bucket.ready >= bucket.expected and bucket.transfer is None and bucket.ready > 0:
             self._launch(bucket)
         return {"name": name, "handles": None, "empty": None}
 
@@ -469,32 +431,21 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 g_ef, finite = None, False
         if finite:
             self._grad_sq += grad_sq
-            if self._controller.needs_accumulation:
-                self._accumulate(bucket, grads, scale)
+            if self._controller.needs_accumulation:   # Accordion's interval sum, unscaled
+                self._interval.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale,
+                                   backup=self._grad_scaler is not None)
             self._park_frozen(bucket, g_ef)
             bucket.update_residual = True
             self._compress_and_start(bucket, g_ef, decision, measure=True)
         else:
             self._nonfinite += 1
-            bucket.launched_finite = False
             self._start_nonfinite(bucket, grads, decision)
         self._launched += 1
         carrier = self._carrier
-        if self._launched == len(self._buckets) and carrier is not None and carrier.start is not None:
-            carrier.handle, carrier.start = carrier.start(self._local_stats()), None
+        if self._launched == len(self._buckets) and carrier is not None and carrier.transfer is not None \
+                and not carrier.transfer.started:
+            carrier.transfer.start(self._local_stats().to_tensor())
         self._compress_time += time.perf_counter() - t0
-
-    def _accumulate(self, bucket, grads, scale) -> None:
-        """Accordion's running sum of raw gradients (unscaled)."""
-        if bucket.accumulated is None:
-            bucket.accumulated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
-        if self._grad_scaler is not None:
-            if bucket.accumulated_backup is None:
-                bucket.accumulated_backup = torch.empty_like(bucket.accumulated)
-            bucket.accumulated_backup.copy_(bucket.accumulated)
-        for g, (s, e) in zip(grads, bucket.offsets):
-            if g is not None:
-                bucket.accumulated[s:e].add_(g.reshape(-1), alpha=1.0 / scale)
 
     def _park_frozen(self, bucket, g_ef) -> None:
         """A frozen parameter's residual is neither sent nor lost: set aside for the step."""
@@ -518,27 +469,25 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                     flat[s:e].copy_(g.reshape(-1))   # float64 beyond float32's range -> inf
             if _finite(flat):   # the overflow was in residual * scale + g: signal it
                 flat[0] = float("nan")
-            bucket.with_stats = self._carries_stats(bucket)
-            self._start_dense(bucket, flat, self._bucket_name(bucket))
+            self._send(bucket, DenseAllreduce(self._link, self._bucket_name(bucket), flat,
+                                              self._carries_stats(bucket), self._wire))
             return
         self._compress_and_start(bucket, zeros, decision, measure=False, poison=True)
 
-    def _hold_or_start(self, bucket, start: Callable) -> None:
-        """Start the bucket's collective: ``start(stats)`` returns its handle (``stats``:
-        None, or the float64 statistics to carry).  With an adaptive controller the
-        carrier bucket's collective also carries the step's statistics, complete only
-        once every bucket is compressed, so it waits for that."""
-        if bucket.with_stats:
-            bucket.start = start
-        else:
-            bucket.handle = start(None)
+    def _send(self, bucket, transfer: Transfer) -> None:
+        """Start the bucket's collective, unless it carries the step's statistics (an
+        adaptive controller's carrier bucket): those are complete only once every bucket
+        is compressed, so ``_launch`` starts it then."""
+        bucket.transfer = transfer
+        if not transfer.with_stats:
+            transfer.start()
 
     def _carries_stats(self, bucket) -> bool:
         """Decided when the bucket launches (the carrier can change mid-step when a
         gradient turns out sparse) and kept in ``bucket.with_stats`` until it is read."""
         return bucket is self._carrier and self._controller.needs_consensus
 
-    def _local_stats(self) -> torch.Tensor:
+    def _local_stats(self) -> StepStats:
         """This rank's statistics of the step, sent with the carrier bucket: squared norms
         of g_ef, g_min and g_c, of the raw gradient, Accordion's interval sum (at an
         interval's end, else 0) and whether any bucket was NaN/Inf (all unscaled)."""
@@ -547,50 +496,27 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._at_boundary = interval is not None and (ctrl.step + 1) % interval == 0
         acc_sq = 0.0
         if self._at_boundary:   # Accordion: the interval's gradient sum, then start a new sum
-            acc_sq = sum(float(b.accumulated.double().pow(2).sum()) for b in self._buckets
-                         if b.accumulated is not None)
-            for b in self._buckets:
-                if b.accumulated is not None:
-                    b.accumulated.zero_()
+            acc_sq = self._interval.take_squared_norm(self._buckets)
         s2 = self._scale * self._scale
         n = self._norms
-        return torch.tensor([float(n[0]) / s2, float(n[1]) / s2, float(n[2]) / s2, self._grad_sq / s2,
-                             acc_sq, float(self._nonfinite > 0)], dtype=torch.float64)
-
-    def _scale_factors(self) -> Tuple[float, float]:
-        """Horovod's pre/postscale for ``gradient_predivide_factor`` (Average only)."""
-        if self.op == hvd.Average:
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
-
-    def _allreduce_start(self, tensor, name, mean: bool = False):
-        """``start`` of an in-place allreduce, or of a copy with the statistics appended:
-        with the user's ``op`` and predivide factors, or (``mean``) a plain average, which
-        PowerSGD's phases need."""
-        op, (pre, post) = (hvd.Average, (1.0, 1.0)) if mean else (self.op, self._scale_factors())
-
-        def start(stats):
-            if stats is None:
-                return comm.allreduce_async(tensor, name, op, pre, post, self.process_set)
-            self._control_bytes += 4 * N_STATS
-            return comm.allreduce_async(comm.with_stats(tensor, stats), name, op, pre, post,
-                                        self.process_set)
-        return start
+        return StepStats(ef_sq=float(n[0]) / s2, min_sq=float(n[1]) / s2, candidate_sq=float(n[2]) / s2,
+                         grad_sq=self._grad_sq / s2, accumulated_sq=acc_sq,
+                         nonfinite=float(self._nonfinite > 0))
 
     def _compress_and_start(self, bucket, g_ef, decision: Decision, measure: bool, poison: bool = False) -> None:
-        name = self._bucket_name(bucket)
-        bucket.with_stats = self._carries_stats(bucket)
+        name, with_stats = self._bucket_name(bucket), self._carries_stats(bucket)
         if decision.candidate_cf == DENSE:   # nothing to compress or measure: plain allreduce
-            self._start_dense(bucket, g_ef, name)
+            self._send(bucket, DenseAllreduce(self._link, name, g_ef, with_stats, self._wire))
             return
         # theta_min == 1 keeps everything: the candidate then comes from g_ef directly.
         comp_min = self._compressor(decision.theta_min if decision.theta_min > DENSE else decision.candidate_cf)
-        if getattr(comp_min, "low_rank", False):
+        if comp_min.low_rank:
             if poison:
                 g_ef = torch.full_like(g_ef, float("nan"))
-            self._start_lowrank(bucket, g_ef, comp_min, name)
+            self._send(bucket, LowRankTransfer(self._link, name, bucket, g_ef, comp_min, self._warm,
+                                               bucket.update_residual, with_stats))
             return
-        self._set_step(comp_min, bucket)
+        comp_min.set_step(self._step_index, bucket.index)   # shared-seed draws: per (step, bucket)
         payload_min, ctx = comp_min.compress(g_ef)
         payload_c = payload_min
         if decision.theta_min == DENSE:
@@ -602,156 +528,28 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             min_sq = ef_sq if payload_min is None else _sq(payload_min.values)
             c_sq = min_sq if payload_c is payload_min else _sq(payload_c.values)
             self._norms += torch.stack([ef_sq, min_sq, c_sq]).double().cpu()
-        quality = getattr(comp_min, "last_quality", None)
-        if quality is not None and measure:
-            self._quality.append(float(quality))
+        if comp_min.last_quality is not None and measure:
+            self._quality.append(float(comp_min.last_quality))
         if decision.send_cf == DENSE:
             if poison:
                 g_ef[0] = float("nan")
-            self._start_dense(bucket, g_ef, name)
+            self._send(bucket, DenseAllreduce(self._link, name, g_ef, with_stats, self._wire))
             return
         payload = payload_c if decision.send_cf == decision.candidate_cf else payload_min
         if poison:   # every rank's sum must come out non-finite
             payload = _poisoned(payload, comp_min.shared_indices, bucket.device)
-        self._start_sparse(bucket, payload, comp_min.shared_indices, name, decision.send_cf)
+        args = (self._link, name, payload, bucket.numel, bucket.device, with_stats)
+        if comp_min.shared_indices:
+            # The step index rides along (checked on arrival) unless join_safe's exchange aligns it.
+            transfer = SharedIndexAllreduce(*args, None if self._join_safe else self._step_index)
+        elif self._join_safe:
+            transfer = SlottedSparse(*args, decision.send_cf)
+        else:
+            transfer = SparseAllgather(*args)
+        self._send(bucket, transfer)
 
     def _bucket_name(self, bucket) -> str:
         return f"{self._prefix}.bucket.{bucket.index}"
-
-    def _set_step(self, comp, bucket):
-        if hasattr(comp, "set_step"):   # shared-seed compressors draw per (step, bucket)
-            comp.set_step(self._step_index, bucket.index)
-
-    def _start_dense(self, bucket, flat, name):
-        bucket.kind = "dense"
-        if bucket.with_stats:   # statistics travel as float32 with the bucket
-            wire = flat
-        else:
-            wire, bucket.wire_ctx = self._wire.compress(flat)
-        self._hold_or_start(bucket, self._allreduce_start(wire, name))
-        self._bytes_sent += wire.numel() * wire.element_size()
-        self._floats_sent += flat.numel()
-
-    def _start_lowrank(self, bucket, g_ef, comp, name):
-        """PowerSGD phase 1: P = M Q for every matrix (vectors travel as they are),
-        all in one allreduce.  Phase 2 (Q) runs in ``synchronize``."""
-        parts, plan = [], []
-        for pname, p, (s, e) in zip(bucket.names, bucket.params, bucket.offsets):
-            if comp.compressible(p):
-                n, m = p.shape[0], p.numel() // p.shape[0]
-                r = comp.rank_for(n, m)
-                key = (pname, r)
-                q = self._lowrank_q.get(key)
-                if q is None:
-                    q = comp.initial_q(m, r, zlib.crc32(pname.encode()), g_ef.device)
-                parts.append((g_ef[s:e].view(n, m) @ q).reshape(-1))
-                plan.append((s, e, n, m, r, key))
-            else:
-                parts.append(g_ef[s:e])
-                plan.append((s, e, None, None, None, None))
-        buf = torch.cat(parts)
-        bucket.kind = "lowrank"
-        bucket.lowrank = {"plan": plan, "g_ef": g_ef, "name": name}
-        self._hold_or_start(bucket, self._allreduce_start(buf, name + ".P", mean=True))
-        self._bytes_sent += 4 * buf.numel()
-        self._floats_sent += buf.numel()
-
-    def _lowrank_phase2(self, bucket):
-        """Orthonormalize the averaged P, Q = M^T P, and start the Q allreduce."""
-        state = bucket.lowrank
-        out = self._wait_bucket(bucket, state["name"] + ".P")
-        aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
-        q_parts, ps, ofs = [], [], 0
-        for s, e, n, m, r, key in state["plan"]:
-            if n is None:
-                aggregated[s:e] = out[ofs:ofs + e - s]
-                ofs += e - s
-                ps.append(None)
-                continue
-            p = orthonormalize(out[ofs:ofs + n * r].view(n, r))
-            ofs += n * r
-            q_parts.append((state["g_ef"][s:e].view(n, m).t() @ p).reshape(-1))
-            ps.append(p)
-        state["aggregated"], state["p"] = aggregated, ps
-        if q_parts:
-            qbuf = torch.cat(q_parts)
-            self._bytes_sent += 4 * qbuf.numel()
-            self._floats_sent += qbuf.numel()
-            bucket.handle = comm.allreduce_async(qbuf, state["name"] + ".Q", hvd.Average,
-                                                 process_set=self.process_set)
-        else:
-            bucket.handle = None
-
-    def _lowrank_finish(self, bucket) -> torch.Tensor:
-        state = bucket.lowrank
-        q_all = comm.wait(bucket.handle, state["name"] + ".Q", self._timeout) if bucket.handle is not None else None
-        aggregated, g_ef, ofs = state["aggregated"], state["g_ef"], 0
-        update = bucket.update_residual
-        for (s, e, n, m, r, key), p in zip(state["plan"], state["p"]):
-            if n is None:
-                if update:
-                    g_ef[s:e].zero_()           # sent exactly
-                continue
-            q = q_all[ofs:ofs + m * r].view(m, r)
-            ofs += m * r
-            approx = (p @ q.t()).reshape(-1)
-            aggregated[s:e] = approx
-            if update:
-                g_ef[s:e].sub_(approx)          # error feedback: what the rank-r sum missed
-                self._lowrank_q[key] = q.clone()   # warm start (identical on every rank)
-        bucket.lowrank = None
-        if self.op == hvd.Sum:
-            aggregated.mul_(self._world)
-        return aggregated
-
-    def _start_sparse(self, bucket, payload, shared_indices, name, cf):
-        if self._join_safe and not shared_indices:
-            # The same slot size on every rank, from the decision alone; a threshold
-            # compressor's surplus beyond it stays in the residual.
-            cap = 2 * kept_count(bucket.numel, cf) + 1
-            if payload.values.numel() > cap:
-                payload = SparsePayload(payload.values[:cap], payload.indices[:cap])
-        if bucket.update_residual:
-            bucket.sent_indices = payload.indices
-        k = payload.values.numel()
-        if self._join_safe and not shared_indices:
-            bucket.kind, bucket.slot_cap = "slotted", cap
-            pre, _ = self._scale_factors()
-            if pre != 1.0:
-                payload = SparsePayload(payload.values * pre, payload.indices)
-            world, me = self._world, comm.group_rank(self.process_set)
-
-            def start_slotted(stats):
-                if stats is not None:
-                    self._control_bytes += 8 * comm.header_rows(N_STATS)
-                buf = comm.pack_slot(payload, stats, bucket.numel, world, me, cap, N_STATS)
-                return comm.allreduce_sum_async(buf, name, self.process_set)
-            self._hold_or_start(bucket, start_slotted)
-            self._bytes_sent += 8 * world * comm.slot_rows(cap, N_STATS)
-            self._floats_sent += 2 * k
-            return
-        if shared_indices:
-            bucket.kind, bucket.payload = "shared", payload
-            values = payload.values.clone()
-            if not self._join_safe:
-                # The step index rides along: every rank must have drawn the same indices.
-                values = torch.cat([values, values.new_tensor([float(self._step_index)])])
-            self._hold_or_start(bucket, self._allreduce_start(values, name))
-            self._bytes_sent += 4 * k
-            self._floats_sent += k
-        else:
-            bucket.kind = "sparse"
-            pre, _ = self._scale_factors()
-            if pre != 1.0:
-                payload = SparsePayload(payload.values * pre, payload.indices)
-
-            def start(stats):
-                if stats is not None:
-                    self._control_bytes += 8 * comm.header_rows(N_STATS)
-                return comm.allgather_async(comm.pack(payload, stats, bucket.numel), name, self.process_set)
-            self._hold_or_start(bucket, start)
-            self._bytes_sent += 8 * k
-            self._floats_sent += 2 * k
 
     # -- synchronize -------------------------------------------------------------------------
     def synchronize(self):
@@ -762,15 +560,14 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if not self._step_open:
             self._begin_step()
         for bucket in list(self._buckets):   # buckets whose hooks did not all fire (unused params)
-            if bucket.kind is None:
+            if bucket.transfer is None:
                 self._launch(bucket)
         t_comm = time.perf_counter()
-        for bucket in self._buckets:
-            if bucket.kind == "lowrank":
-                self._lowrank_phase2(bucket)
+        for bucket in self._buckets:   # every first phase is in flight before any later one waits
+            bucket.transfer.advance()
         aggregates = []
         for bucket in self._buckets:
-            aggregated = self._aggregate(bucket)
+            aggregated = self._finish_transfer(bucket.transfer)
             aggregates.append(aggregated)
             for p, (s, e) in zip(bucket.params, bucket.offsets):
                 if not p.requires_grad:
@@ -796,42 +593,15 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._register_hooks()   # parameters unfrozen since the last step
         self._synchronized = True
 
-    def _aggregate(self, bucket) -> torch.Tensor:
-        """The bucket's combined gradient (flat float32), as ``op`` asks."""
-        if bucket.kind == "lowrank":
-            return self._lowrank_finish(bucket)
-        if bucket.kind in ("sparse", "slotted"):
-            out = self._wait_bucket(bucket)
-            total = comm.unpack_sum(out, bucket.numel)
-            if self.op != hvd.Average:
-                return total
-            f = self.gradient_predivide_factor
-            return total.div_(self._world) if f == 1.0 else total.mul_(f / self._world)
-        if bucket.kind == "shared":
-            out = self._wait_bucket(bucket)
-            if not self._join_safe:
-                out = self._check_shared_step(out)
-            aggregated = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
-            aggregated.index_copy_(0, bucket.payload.indices.long(), out)
-            return aggregated
-        out = self._wait_bucket(bucket)
-        if not bucket.with_stats:
-            out = self._wire.decompress(out, bucket.wire_ctx)
-        return out.float()
-
-    def _check_shared_step(self, out: torch.Tensor) -> torch.Tensor:
-        """Strip the step index that rode with shared-index values; if the ranks' indices
-        differ (a rank sat out steps in ``hvd.join()``), their draws differ too: fail
-        rather than add values at different positions."""
-        got = float(out[-1])
-        want = self._step_index * (self._world if self.op == hvd.Sum else 1)
-        if abs(got - want) > 0.5:
-            raise RuntimeError(
-                f"horovod_gravac: ranks disagree on the step index of a shared-seed compressor "
-                f"(rank {comm.rank()} is at step {self._step_index}; the ranks' combined value is "
-                f"{got:g}), so they drew different indices. This happens when a rank sat out steps "
-                f"in hvd.join(); pass DistributedOptimizer(..., join_safe=True) for uneven data.")
-        return out[:-1]
+    def _finish_transfer(self, transfer: Transfer) -> torch.Tensor:
+        """The bucket's combined gradient (flat float32); its counts join the step's."""
+        aggregated = transfer.finish()
+        if transfer.stats is not None:
+            self._step_stats = StepStats.from_tensor(transfer.stats)
+        self._bytes_sent += transfer.bytes_sent
+        self._floats_sent += transfer.floats_sent
+        self._control_bytes += transfer.control_bytes
+        return aggregated
 
     def _commit_residual(self, bucket, rollback: bool) -> None:
         """residual = g_ef - sent, once the step's collectives are done (or, for a step
@@ -841,32 +611,13 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             return
         if rollback:
             self._memory.restore(key)
-            if bucket.accumulated_backup is not None:
-                bucket.accumulated.copy_(bucket.accumulated_backup)
+            self._interval.rollback(key)
             return
-        if bucket.kind == "dense":
-            self._memory.sent_dense(key)
-        elif bucket.sent_indices is not None:
-            self._memory.sent_sparse(key, bucket.sent_indices)
+        bucket.transfer.commit(self._memory, key)
         self._memory.unscale(key, self._scale)
         buf = self._memory.residuals[key]
         for s, e, saved in bucket.parked:
             buf[s:e].copy_(saved)
-
-    def _wait_bucket(self, bucket, name: Optional[str] = None) -> torch.Tensor:
-        """The bucket's collective result; the carrier's statistics go to ``_step_stats``."""
-        out = comm.wait(bucket.handle, name or self._bucket_name(bucket), self._timeout)
-        if bucket.with_stats:
-            if bucket.kind == "sparse":
-                stats = comm.read_header_stats(out, self._world, N_STATS)
-            elif bucket.kind == "slotted":
-                stats = comm.read_slot_stats(out, self._world, bucket.slot_cap, N_STATS)
-            else:
-                out, stats = comm.split_stats(out, N_STATS)
-                if self.op == hvd.Sum and bucket.kind != "lowrank":
-                    stats = stats / self._world
-            self._step_stats = stats.tolist()
-        return out
 
     def _finish_step(self, comm_time: float, skipped: bool = False):
         if self._exchange is not None:
@@ -887,7 +638,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             # No statistics arrived (no bucket, or the carrier changed mid-step because a
             # gradient turned out sparse): the step is not observed, on every rank alike.
             observed = not skipped and self._step_stats is not None
-            step_stats = self._step_stats if self._step_stats is not None else [0.0] * N_STATS
+            step_stats = self._step_stats if self._step_stats is not None else StepStats()
             stats.update(dict.fromkeys(CONSENSUS_STATS))   # filled in by the exchange
             self._exchange.start(step_stats, step_time, self._world, self._at_boundary,
                                  observe=observed, stats=stats)
@@ -901,11 +652,56 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._step_start = time.perf_counter()
         self._reset_step_counters()
 
-    def _drop_consensus(self) -> None:
-        """Forget a decision broadcast in flight (elastic recovery: its collective failed
-        with the world it ran in)."""
+    # -- elastic training (horovod_gravac/elastic.py uses only these) ----------------------
+    @property
+    def timeout_s(self) -> float:
+        """Seconds any collective of this optimizer may take (``math.inf``: no limit)."""
+        return self._timeout
+
+    def drop_in_flight(self) -> None:
+        """Forget a step that was interrupted (buckets launched, collectives never finished):
+        their handles died with the old world.  A decision broadcast still in flight is
+        dropped too, so it cannot overwrite a state restored afterwards."""
         if self._exchange is not None:
             self._exchange.drop()
+        for bucket in self._buckets:
+            bucket.reset()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+        self._reset_step_counters()
+        self._step_start = None
+        self._synchronized = False
+
+    def reset_residuals(self) -> None:
+        """Zero this rank's pending state: residuals, momentum-correction velocities,
+        Accordion's interval sums; PowerSGD's warm starts go back to the seeded Q."""
+        self._memory.reset()
+        self._interval.reset()
+        self._warm.clear()
+
+    def set_world_size(self, n: int) -> bool:
+        """Take ``n`` ranks as the world (after a membership change); GraVAC's EWMA factor
+        follows it.  Returns whether it changed."""
+        changed = n != self._world
+        self._world = n
+        ctrl = self.controller
+        if hasattr(ctrl, "set_world_size"):
+            ctrl.set_world_size(n)   # GraVAC: EWMA factor N/100 unless ewma_alpha was given
+        return changed
+
+    def mark_state_synced(self) -> None:
+        """Every rank already holds rank 0's controller state and step index: skip the
+        once-per-optimizer sync before the first bucket (a joining worker would run it alone)."""
+        self._state_synced = True
+
+    @property
+    def _world(self) -> int:
+        """Ranks taking part (the process set's size; it changes in elastic training)."""
+        return self._link.world
+
+    @_world.setter
+    def _world(self, n: int) -> None:
+        self._link.world = n
 
     @property
     def controller(self) -> Controller:
@@ -955,7 +751,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
-        if any(b.handle is not None or b.start is not None for b in self._buckets) \
+        if any(b.transfer is not None for b in self._buckets) \
                 or any(info["handles"] is not None for info in self._sparse.values()):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(). This is prohibited "
@@ -964,22 +760,22 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     # -- state -------------------------------------------------------------------------------
     def gravac_state_dict(self) -> dict:
-        """Controller state and residuals (per parameter name, so bucketing may change),
-        with ``meta`` (what the state was written for: controller settings, compressor,
-        world size, rank, parameter layout) and a CRC-32 of each residual
+        """Controller state, step index, and this rank's residuals, momentum-correction
+        velocities, Accordion interval sums and PowerSGD warm starts (per parameter name,
+        so bucketing may change), with ``meta`` (what the state was written for: controller settings, compressor,
+        world size, rank, parameter layout) and a CRC-32 of each per-rank buffer
         (``horovod_gravac/checkpoint.py``)."""
         from . import checkpoint
         ctrl = self.controller   # waits for a decision broadcast in flight
-        residuals = {}
-        for b in self._buckets:
-            buf = self._memory.residuals.get(b.index)
-            if buf is not None:
-                for name, (s, e) in zip(b.names, b.offsets):
-                    residuals[name] = buf[s:e].clone()
-        return {"controller": ctrl.state_dict(), "residuals": residuals,
+        memory = self._memory.state_dict(self._buckets)
+        accumulated = self._interval.state_dict(self._buckets)
+        return {"controller": ctrl.state_dict(), "residuals": memory["residuals"],
+                "velocities": memory["velocities"], "accumulated": accumulated,
                 "step": self._step_index,
-                "lowrank_q": {f"{n}|{r}": q.clone() for (n, r), q in self._lowrank_q.items()},
-                "residual_crc32": checkpoint.residual_checksums(residuals),
+                "lowrank_q": self._warm.state_dict(),
+                "residual_crc32": checkpoint.residual_checksums(memory["residuals"]),
+                "velocity_crc32": checkpoint.residual_checksums(memory["velocities"]),
+                "accumulated_crc32": checkpoint.residual_checksums(accumulated),
                 "meta": checkpoint.optimizer_meta(self, comm.rank())}
 
     def load_gravac_state_dict(self, state: dict) -> None:
@@ -1006,16 +802,12 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                     f"controller. horovod_gravac.checkpoint.retarget(state, controller=True) keeps "
                     f"this optimizer's own controller instead") from exc
         self._step_index = int(state["step"])
-        self._lowrank_q = {(k.rsplit("|", 1)[0], int(k.rsplit("|", 1)[1])): q.clone()
-                           for k, q in state.get("lowrank_q", {}).items()}
-        for b in self._buckets:
-            if any(n in state["residuals"] for n in b.names):
-                buf = self._memory.buffer(b.index, b.numel, b.device)
-                for name, (s, e) in zip(b.names, b.offsets):
-                    if name in state["residuals"]:
-                        buf[s:e].copy_(state["residuals"][name])
-            elif not state["residuals"] and b.index in self._memory.residuals:
-                self._memory.residuals[b.index].zero_()   # a re-targeted state: from zero
+        self._warm.load_state_dict(state.get("lowrank_q", {}))
+        # Each part loads its own; states written before velocities and interval sums
+        # were saved leave those as they are.
+        self._memory.load_state_dict(state, self._buckets)
+        if "accumulated" in state:
+            self._interval.load_state_dict(state["accumulated"], self._buckets)
 
     def state_dict(self):
         state = super(self.__class__, self).state_dict()
@@ -1040,6 +832,37 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     def residual_bytes(self) -> int:
         return self._memory.nbytes()
+
+
+def _check_consistency(opt, named, sample_compressor) -> None:
+    """The start-up check: fail on every rank, with the difference named, if ranks
+    disagree on set-up (``opt``: the optimizer being built; one collective)."""
+    mine = {"collective_prefix": opt._prefix, "controller": opt._controller.config(),
+            "momentum_correction": opt._memory.momentum, "local_clip_norm": opt.local_clip_norm,
+            "compressor": repr(sample_compressor),
+            "backward_passes_per_step": opt.backward_passes_per_step,
+            "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
+            # The bucket layout (from bucket_cap_mb and groups): every rank must cut the
+            # same buckets, or the collectives of a bucket index carry different tensors.
+            "bucket_cap_mb": {"bucket_sizes": [b.numel for b in opt._buckets],
+                              "bucket_params": [b.names for b in opt._buckets]}}
+    mine.update({"op": int(opt.op), "gradient_predivide_factor": opt.gradient_predivide_factor,
+                 "compression": getattr(opt._wire, "__name__", type(opt._wire).__name__),
+                 "sparse_as_dense": opt.sparse_as_dense, "nonfinite": opt._nonfinite_policy,
+                 "grad_scaler": opt._grad_scaler is not None, "join_safe": opt._join_safe})
+    everyone = comm.allgather_object(mine, name=f"{opt._prefix}.consistency", timeout=opt._timeout,
+                                     process_set=opt.process_set)
+    for r, theirs in enumerate(everyone):
+        for key in mine:
+            if theirs.get(key) != everyone[0].get(key):
+                hint = {"collective_prefix": " Every rank must build its DistributedOptimizers "
+                                             "in the same order.",
+                        "bucket_cap_mb": " The bucket layout differs: every rank must pass the "
+                                         "same bucket_cap_mb (and groups)."}.get(key, "")
+                raise ValueError(
+                    f"horovod_gravac: rank {r} differs from rank 0 in '{key}': "
+                    f"{_short(theirs.get(key))} vs {_short(everyone[0].get(key))}. All ranks must "
+                    f"use the same model, compressor and controller settings.{hint}")
 
 
 _optimizers_built = itertools.count()
@@ -1142,18 +965,19 @@ def _check_passes(passes) -> None:
 def _is_gravac_compressor(obj) -> bool:
     """A horovod_gravac compressor (class, instance), as opposed to a Horovod one."""
     if isinstance(obj, type):
-        return issubclass(obj, SparseCompressor) or hasattr(obj, "compress_further") \
-            or getattr(obj, "low_rank", False)
-    return isinstance(obj, SparseCompressor) or hasattr(obj, "compress_further") \
-        or getattr(obj, "low_rank", False)
+        return issubclass(obj, GradientCompressor)
+    return isinstance(obj, GradientCompressor)
 
 
-def _compressor_factory(compressor) -> Callable[[float], SparseCompressor]:
+def _compressor_factory(compressor) -> Callable[[float], GradientCompressor]:
     """Accept a compressor class, an instance (its class and settings are reused per CF),
     or a callable ``cf -> compressor``."""
     if compressor is None:
         compressor = TopKCompressor
     if not isinstance(compressor, type) and hasattr(compressor, "compress"):
+        if not isinstance(compressor, GradientCompressor):
+            raise ValueError(f"compressor {compressor!r} is not a horovod_gravac compressor (a "
+                             f"horovod_gravac.compressors.GradientCompressor); Horovod's own go to compression=")
         template = compressor
 
         def from_instance(cf):   # same settings, its own state (e.g. a private generator)
@@ -1164,8 +988,9 @@ def _compressor_factory(compressor) -> Callable[[float], SparseCompressor]:
     if callable(compressor):
         def factory(cf):
             comp = compressor(cf=check_cf(cf))
-            if not hasattr(comp, "compress") or not hasattr(comp, "compress_further"):
-                raise ValueError(f"compressor factory returned {comp!r}, which is not a sparse compressor")
+            if not isinstance(comp, GradientCompressor):
+                raise ValueError(f"compressor factory returned {comp!r}, which is not a horovod_gravac "
+                                 f"compressor (a horovod_gravac.compressors.GradientCompressor)")
             return comp
         return factory
     raise ValueError(f"compressor must be a compressor class, instance or factory, got {compressor!r}")

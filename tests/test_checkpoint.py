@@ -221,3 +221,62 @@ def test_crc32_is_over_the_tensor_bytes():
     assert checkpoint.crc32(t[::2]) == zlib.crc32(t[::2].contiguous().numpy().tobytes())
     assert checkpoint.crc32(torch.empty(0)) == 0
     assert checkpoint.crc32(torch.ones(3, dtype=torch.bfloat16)) != checkpoint.crc32(torch.zeros(3, dtype=torch.bfloat16))
+
+
+def _train_from(model, opt, start, steps):
+    for step in range(start, start + steps):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("setup", ["momentum_correction", "accordion"])
+def test_velocities_and_interval_sums_are_saved_and_resume_exactly(hvd1, setup):
+    """DGC's momentum-correction velocities and Accordion's running interval sum are per-rank
+    state: saved by parameter name, with checksums, and a resumed run is bit for bit the
+    uninterrupted one (Accordion saved mid-interval)."""
+    import copy
+    make, kw = {"momentum_correction": (lambda: hg.StaticCF(4), dict(momentum_correction=0.9)),
+                "accordion": (lambda: hg.Accordion(low_cf=2, high_cf=16, threshold=0.3, interval=3), {})}[setup]
+    model = _model()
+    opt = _opt(model, make(), **kw)
+    _train_from(model, opt, 0, 4)
+    state, weights = copy.deepcopy(opt.state_dict()), copy.deepcopy(model.state_dict())
+    ref = _train_from(model, opt, 4, 5)
+    key, crc = {"momentum_correction": ("velocities", "velocity_crc32"),
+                "accordion": ("accumulated", "accumulated_crc32")}[setup]
+    saved = state["gravac"][key]
+    assert saved and set(saved) == set(state["gravac"][crc]), saved.keys()
+    assert any(float(t.abs().max()) > 0 for t in saved.values())
+    model2 = _model(seed=5)
+    model2.load_state_dict(weights)
+    opt2 = _opt(model2, make(), **kw)
+    opt2.load_state_dict(state)
+    got = opt2.gravac_state_dict()[key]
+    assert all(torch.equal(got[k], v) for k, v in saved.items())
+    assert torch.equal(_train_from(model2, opt2, 4, 5), ref)
+
+
+def test_states_without_velocities_or_interval_sums_still_load(hvd1):
+    """A state written before velocities and interval sums were saved loads as before."""
+    state = _trained_state(hg.StaticCF(4), momentum_correction=0.9)
+    for key in ("velocities", "velocity_crc32", "accumulated", "accumulated_crc32"):
+        del state["gravac"][key]
+    opt = _opt(_model(), hg.StaticCF(4), momentum_correction=0.9)
+    opt.load_state_dict(state)
+    assert set(opt.gravac_state_dict()["residuals"]) == set(state["gravac"]["residuals"])
+
+
+def test_flipped_bytes_in_a_velocity_are_detected_and_retarget_drops_velocities(hvd1):
+    state = _trained_state(hg.StaticCF(4), momentum_correction=0.9)
+    vel = state["gravac"]["velocities"]["2.weight"]
+    vel.view(torch.int32).view(-1)[1] ^= 1 << 9
+    with pytest.raises(ValueError, match=re.escape("momentum-correction velocity of parameter '2.weight' is corrupted")):
+        _opt(_model(), hg.StaticCF(4), momentum_correction=0.9).load_state_dict(state)
+    fixed = checkpoint.retarget(state, rank=0, world_size=1)
+    assert fixed["gravac"]["velocities"] == {} and fixed["gravac"]["velocity_crc32"] == {}
+    opt = _opt(_model(), hg.StaticCF(4), momentum_correction=0.9)
+    opt.load_state_dict(fixed)

@@ -276,14 +276,16 @@ def test_bucket_cap_mb_mismatch_fails_on_every_rank():
 def test_checkpoint_resume_is_bitwise_identical(tmp_path):
     """Job 1: N+M uninterrupted steps, checkpoint at N (each rank its own file). Job 2 (a
     fresh horovodrun): load, M steps; parameters, CFs and controller state must be
-    identical bit for bit, for static Top-k, GraVAC, static Random-k and GraVAC Random-k
-    (and PowerSGD, SIDCo, DGC, RedSync when present; known gaps are printed as GAP)."""
+    identical bit for bit, for static Top-k, GraVAC, static Random-k, GraVAC Random-k,
+    Accordion (saved mid-interval), PowerSGD and DGC with momentum correction (and SIDCo,
+    DGC, RedSync; known gaps would be printed as GAP)."""
     ref = run_ranks(2, CHECKS, "ckpt_reference", tmp_path, timeout=300)
     assert ref.returncode == 0 and "PASS ckpt_reference" in ref.stdout, ref.stdout[-6000:]
     assert len(list(tmp_path.glob("*.ckpt.rank*.pt"))) >= 8
     res = run_ranks(2, CHECKS, "ckpt_resume", tmp_path, timeout=300)
     assert res.returncode == 0 and "PASS ckpt_resume" in res.stdout, res.stdout[-6000:]
-    for cfg in ("static_topk", "gravac_topk", "static_randomk", "gravac_randomk"):
+    for cfg in ("static_topk", "gravac_topk", "static_randomk", "gravac_randomk", "accordion",
+                "powersgd_static", "dgc_momentum"):
         assert f"RESUMED {cfg} bitwise identical" in res.stdout, res.stdout[-6000:]
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from horovod_gravac import comm
+from horovod_gravac import comm, wire
 from horovod_gravac.compressors import SparsePayload
 
 
@@ -70,7 +70,7 @@ def test_sum_of_colliding_rows_is_deterministic_and_switch_is_restored(monkeypat
     gathered = torch.cat(rows)
     plain = comm.unpack_sum(gathered, 60)
     assert calls == []                                   # the CPU adds in order without it
-    monkeypatch.setattr(comm, "_adds_with_atomics", lambda t: True)
+    monkeypatch.setattr(wire, "_adds_with_atomics", lambda t: True)
     assert torch.equal(comm.unpack_sum(gathered, 60), plain)
     assert calls == [(True, True), (False, False)]
     assert not torch.are_deterministic_algorithms_enabled()
@@ -82,3 +82,12 @@ def test_sum_of_colliding_rows_is_deterministic_and_switch_is_restored(monkeypat
         assert calls == [] and torch.are_deterministic_algorithms_enabled()
     finally:
         real(False)
+
+
+def test_step_stats_round_trip_in_wire_order():
+    """StepStats names the positions of the statistics vector that rides with the carrier."""
+    s = wire.StepStats(ef_sq=1.0, min_sq=2.0, candidate_sq=3.0, grad_sq=4.0, accumulated_sq=5.0, nonfinite=1.0)
+    t = s.to_tensor()
+    assert t.dtype == torch.float64 and t.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 1.0]
+    assert wire.N_STATS == 6 and wire.StepStats.from_tensor(t) == s
+    assert comm.N_STATS == wire.N_STATS and comm.pack is wire.pack

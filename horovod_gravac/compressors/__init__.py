@@ -1,5 +1,5 @@
 """Gradient compressors, each a ``horovod.torch.compression.Compressor`` subclass."""
-from .base import SparseCompressor, SparseContext, SparsePayload, check_cf, kept_count
+from .base import GradientCompressor, SparseCompressor, SparseContext, SparsePayload, check_cf, kept_count
 from .dgc import DGCCompressor
 from .powersgd import PowerSGDCompressor
 from .randomk import RandomKCompressor
@@ -7,6 +7,6 @@ from .redsync import RedSyncCompressor
 from .sidco import SIDCoCompressor
 from .topk import TopKCompressor
 
-__all__ = ["SparseCompressor", "SparseContext", "SparsePayload", "check_cf", "kept_count",
+__all__ = ["GradientCompressor", "SparseCompressor", "SparseContext", "SparsePayload", "check_cf", "kept_count",
            "DGCCompressor", "PowerSGDCompressor", "RandomKCompressor", "RedSyncCompressor",
            "SIDCoCompressor", "TopKCompressor"]

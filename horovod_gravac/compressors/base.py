@@ -70,22 +70,43 @@ def check_tensor(tensor: torch.Tensor) -> None:
             f"got dtype {tensor.dtype}")
 
 
-class SparseCompressor(_HorovodCompressor):
+class GradientCompressor(_HorovodCompressor):
+    """What ``horovod_gravac.DistributedOptimizer`` asks of every compressor (the defaults
+    suit a stateless sparsifier; subclasses override what differs):
+
+    Attributes:
+        low_rank: True for a low-rank compressor (PowerSGD): the optimizer sends it with
+            PowerSGD's two-phase exchange instead of a sparse payload.
+        shared_indices: True when every rank picks the same indices (Random-k with a
+            shared seed); the optimizer then sums values with a dense allreduce and
+            sends no indices at all.
+        step_seeded: True when the draws depend on the step: the optimizer calls
+            :meth:`set_step` before each bucket and keeps the step index the same on every
+            rank (and in checkpoints).
+        last_quality: after ``compress``, kept / k of a threshold estimate (None: exact k).
+    """
+
+    low_rank = False
+    shared_indices = False
+    step_seeded = False
+    last_quality: Optional[float] = None
+
+    def set_step(self, step: int, stream: int = 0) -> None:
+        """Draw from ``(seed, step, stream)`` from now on (``stream``: the bucket)."""
+
+
+class SparseCompressor(GradientCompressor):
     """Base class: a sparsifier at a fixed compression factor.
 
     Subclasses implement :meth:`select` (which flat entries to keep).  Everything
     else (validation, flattening, context, decompression, multi-level) is here.
 
-    Attributes:
+    Attributes (besides :class:`GradientCompressor`'s):
         cf: the target compression factor (``numel / kept``).
-        shared_indices: True when every rank picks the same indices (Random-k with a
-            shared seed); the optimizer then sums values with a dense allreduce and
-            sends no indices at all.
         exact_multilevel: True when ``compress_further`` gives exactly what direct
             compression at the product CF gives (Top-k).
     """
 
-    shared_indices = False
     exact_multilevel = False
 
     def __init__(self, cf: float = 100.0):

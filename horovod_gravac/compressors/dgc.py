@@ -318,7 +318,7 @@ class ThresholdCompressor(SparseCompressor):
     samples exactly what the original run sampled.
     """
 
-    last_quality = None
+    step_seeded = True
 
     def __init__(self, cf: float = 100.0, seed: int = 0):
         super().__init__(cf)

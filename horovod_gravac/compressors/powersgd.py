@@ -23,7 +23,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .base import _HorovodCompressor, check_cf, check_tensor
+from .base import GradientCompressor, check_cf, check_tensor
 
 
 class LowRankPayload(NamedTuple):
@@ -46,7 +46,7 @@ def orthonormalize(p: torch.Tensor) -> torch.Tensor:
     return q
 
 
-class PowerSGDCompressor(_HorovodCompressor):
+class PowerSGDCompressor(GradientCompressor):
     """Low-rank compressor.
 
     Args:
@@ -57,7 +57,6 @@ class PowerSGDCompressor(_HorovodCompressor):
     """
 
     low_rank = True
-    shared_indices = False
 
     def __init__(self, cf: float = 10.0, rank: Optional[int] = None, seed: int = 0):
         self.cf = check_cf(cf)

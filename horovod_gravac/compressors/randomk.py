@@ -94,6 +94,8 @@ class RandomKCompressor(SparseCompressor):
             ``None`` draws independent indices per rank (seeded from OS entropy).
     """
 
+    step_seeded = True   # set_step re-seeds (with seed=None too: the step index stays aligned)
+
     def __init__(self, cf: float = 100.0, seed: int = 1234):
         super().__init__(cf)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):

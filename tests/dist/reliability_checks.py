@@ -352,6 +352,8 @@ def _ckpt_configs():
         "gravac_randomk": lambda: dict(controller=StepTimedGraVAC(theta_min=1.5, theta_max=100, epsilon=0.2,
                                                                   window=3, policy="geometric"),
                                        compressor=RandomKCompressor(cf=2, seed=7)),
+        # saved mid-interval (interval 3, checkpoint after step 7): the running sum matters
+        "accordion": lambda: dict(controller=hg.Accordion(low_cf=4, high_cf=64, threshold=0.3, interval=3)),
     }
     extra = {"PowerSGDCompressor": ("powersgd_static", lambda c: dict(controller=hg.StaticCF(4), compressor=c)),
              "SIDCoCompressor": ("sidco_static", lambda c: dict(controller=hg.StaticCF(20), compressor=c)),
@@ -375,9 +377,7 @@ def _ckpt_configs():
 
 # Resume gaps in files outside issue 7 (reported): the check prints GAP while the resumed
 # run differs and fails once it is identical, so the entry gets removed then.
-KNOWN_RESUME_GAPS = {
-    "dgc_momentum": "momentum-correction velocities are not in the state dict",
-}
+KNOWN_RESUME_GAPS = {}
 
 
 def _ckpt_path(root, cfg, what):
