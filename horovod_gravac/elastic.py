@@ -57,7 +57,6 @@ import horovod.torch as hvd
 from horovod.torch.elastic.state import StateHandler
 
 from . import comm
-from .throughput import ThroughputTable
 
 __all__ = ["TorchState", "GravacOptimizerStateHandler", "is_gravac_optimizer",
            "reset_for_new_world", "clear_in_flight", "sync_optimizer_state"]
@@ -85,7 +84,7 @@ def reset_for_new_world(optimizer) -> None:
     optimizer.drop_in_flight()
     optimizer.reset_residuals()   # residuals, velocities, interval sums: zero; warm starts: seeded
     if optimizer.set_world_size(comm.size()) and hasattr(optimizer.controller, "throughput"):
-        optimizer.controller.throughput = ThroughputTable()
+        optimizer.controller.throughput.reset()
 
 
 def sync_optimizer_state(optimizer, root_rank: int = 0) -> None:
