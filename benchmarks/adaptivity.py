@@ -96,9 +96,8 @@ CONFIGS["gravac-ladder-geo-redsync-eps0.7"] = ("adaptive", _gravac("ladder", "ge
 # What runs at which rate (the slow link is where compression matters; the fast one keeps
 # the comparison honest where it does not).
 ADAPTIVE_AT = {
-    "100mbit": ["gravac-ladder-exp-topk-eps0.7", "gravac-ladder-exp-topk-eps0.9",
-                "gravac-ladder-geo-topk-eps0.7", "gravac-ladder-geo-topk-eps0.9",
-                "gravac-paper-exp-topk-eps0.7", "gravac-paper-geo-topk-eps0.7",
+    "100mbit": ["gravac-ladder-exp-topk-eps0.7", "gravac-paper-exp-topk-eps0.7",
+                "gravac-ladder-exp-topk-eps0.9", "gravac-ladder-geo-topk-eps0.9",
                 "gravac-ladder-exp-dgc-eps0.7", "gravac-ladder-geo-redsync-eps0.7"],
     "1gbit": ["gravac-ladder-exp-topk-eps0.7", "gravac-ladder-geo-topk-eps0.9",
               "gravac-paper-exp-topk-eps0.7"],
