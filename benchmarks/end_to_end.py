@@ -130,7 +130,7 @@ def compressor_available(name: Optional[str]) -> Optional[str]:
     """None if the compressor exists in this installation, else why not."""
     if name is None:
         return None
-    from horovod_gravac.train import COMPRESSORS
+    from horovod_gravac.harness.train import COMPRESSORS
     cls = COMPRESSORS[name]
     try:
         pkg = importlib.import_module("horovod_gravac.compressors")
@@ -148,7 +148,7 @@ def train_command(name: str, run_dir: str, steps: int, eval_every: int) -> List[
     group, _, flags = CONFIGS[name]
     extra = {"gravac": ["--window", str(WORKLOAD["window"])],
              "accordion": ["--accordion-interval", str(WORKLOAD["interval"])]}.get(group, [])
-    return ([sys.executable, "-m", "horovod_gravac.train"] + WORKLOAD["flags"] + flags + extra
+    return ([sys.executable, "-m", "horovod_gravac.harness.train"] + WORKLOAD["flags"] + flags + extra
             + ["--steps", str(steps), "--eval-every", str(eval_every), "--log-every", str(steps),
                "--out", run_dir])
 

@@ -7,7 +7,7 @@ Target (issue 4): on a small real training run (2 ranks), GraVAC with epsilon 0.
 within 0.5 percentage points of dense accuracy in the same number of steps while
 sending at least 10x fewer bytes.
 
-Workload: ``--preset ngram-pydoc-chars`` of :mod:`horovod_gravac.train`: next-character
+Workload: ``--preset ngram-pydoc-chars`` of :mod:`horovod_gravac.harness.train`: next-character
 prediction on the Python reference text that ships with CPython (pydoc topics), a
 fastText-style model (hashed 1..5-character contexts into 2^18 buckets x 16, summed,
 then a linear layer over the 100 characters; 4.2M parameters), batch 256 per rank,
@@ -78,7 +78,7 @@ def launch(name: str, flags: List[str], run_dir: str, seed: int, steps: Optional
            np_: int) -> Dict:
     """One ``np_``-rank training under horovodrun; the job's process group is killed on timeout."""
     cmd = [find_horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, "-m",
-           "horovod_gravac.train", "--preset", PRESET, "--seed", str(seed), "--threads", "1",
+           "horovod_gravac.harness.train", "--preset", PRESET, "--seed", str(seed), "--threads", "1",
            "--out", run_dir] + flags
     if steps:
         cmd += ["--steps", str(steps)]

@@ -85,7 +85,7 @@ def launch(args):
 
 
 def build(args):
-    from horovod_gravac.models import build_model
+    from horovod_gravac.harness.models import build_model
     torch.manual_seed(0)
     if args.model == "mlp":
         w = args.width

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from horovod_gravac import train as T
+from horovod_gravac.harness import train as T
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data import write_cifar10, write_cifar100   # noqa: E402
@@ -65,7 +65,7 @@ def test_compressor_names_resolve_lazily():
 
 def test_kde_is_gaussian_in_log10_with_bandwidth_0_1():
     import numpy as np
-    from horovod_gravac.report import log_kde
+    from horovod_gravac.harness.report import log_kde
     grid = np.logspace(-1, 4, 4001)
     dens = log_kde([10.0] * 30 + [1000.0] * 10, grid)
     assert np.trapezoid(dens, np.log10(grid)) == pytest.approx(1.0, abs=1e-3)
@@ -75,7 +75,8 @@ def test_kde_is_gaussian_in_log10_with_bandwidth_0_1():
 
 def test_missing_dataset_is_a_clear_error_not_a_traceback(tmp_path):
     pytest.importorskip("horovod.torch")
-    proc = subprocess.run([sys.executable, "-m", "horovod_gravac.train", "--preset", "resnet101-cifar10",
+    proc = subprocess.run([sys.executable, "-m", "horovod_gravac.harness.train",
+                           "--preset", "resnet101-cifar10",
                            "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=120, cwd=str(ROOT))
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -92,7 +93,8 @@ def launch(out_dir, *flags, timeout=240):
     hvdrun = _horovodrun()
     if hvdrun is None:
         pytest.skip("horovodrun is not installed (run scripts/setup.sh)")
-    cmd = [hvdrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "horovod_gravac.train",
+    cmd = [hvdrun, "-np", "2", "-H", "localhost:2", "--gloo",
+           sys.executable, "-m", "horovod_gravac.harness.train",
            "--out", str(out_dir), "--threads", "1", *map(str, flags)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -196,7 +198,7 @@ def test_controllers_show_in_the_stats(runs):
 
 
 def test_report_over_all_runs(runs, tmp_path):
-    from horovod_gravac.report import main as report_main
+    from horovod_gravac.harness.report import main as report_main
     out = tmp_path / "report"
     assert report_main([str(d) for d, _ in runs.values()] + ["--out", str(out)]) == 0
     for name in ("accuracy.png", "perplexity.png", "loss.png", "cf.png", "gain.png", "cf_kde.png",

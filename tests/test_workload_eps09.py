@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from horovod_gravac import data as gd
-from horovod_gravac import train as T
+from horovod_gravac.harness import data as gd
+from horovod_gravac.harness import train as T
 from horovod_gravac.compressors.topk import TopKCompressor
-from horovod_gravac.models import HashedNGram, build_model
+from horovod_gravac.harness.models import HashedNGram, build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -167,7 +167,8 @@ def _launch(out_dir, *flags, timeout=420):
     hvdrun = str(cand) if cand.exists() else shutil.which("horovodrun")
     if hvdrun is None:
         pytest.skip("horovodrun is not installed (run scripts/setup.sh)")
-    cmd = [hvdrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "horovod_gravac.train",
+    cmd = [hvdrun, "-np", "2", "-H", "localhost:2", "--gloo",
+           sys.executable, "-m", "horovod_gravac.harness.train",
            "--preset", "ngram-pydoc-chars", "--seed", "42", "--threads", "1", "--out", str(out_dir), *flags]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -1,8 +1,8 @@
 """Plots and tables of training runs, matching the paper's figures (section IV).
 
-    python -m horovod_gravac.report runs/dense runs/static runs/gravac --out reports/demo
+    python -m horovod_gravac.harness.report runs/dense runs/static runs/gravac --out reports/demo
 
-Reads each run directory written by :mod:`horovod_gravac.train` (``config.json``,
+Reads each run directory written by :mod:`horovod_gravac.harness.train` (``config.json``,
 ``steps.jsonl``, ``eval.jsonl``, ``summary.json``) and writes to ``--out``:
 
 PNG plots
@@ -431,9 +431,11 @@ def make_report(run_dirs: Sequence[str], out: str, labels: Optional[Sequence[str
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m horovod_gravac.report",
-                                description="Plots and CSV/JSON tables from horovod_gravac.train run directories.")
-    p.add_argument("runs", nargs="+", help="run directories (each written by horovod_gravac.train --out)")
+    p = argparse.ArgumentParser(prog="python -m horovod_gravac.harness.report",
+                                description="Plots and CSV/JSON tables from horovod_gravac.harness.train "
+                                            "run directories.")
+    p.add_argument("runs", nargs="+",
+                   help="run directories (each written by horovod_gravac.harness.train --out)")
     p.add_argument("--out", required=True, help="report directory")
     p.add_argument("--labels", help="comma-separated legend labels (default: run directory names)")
     args = p.parse_args(argv)

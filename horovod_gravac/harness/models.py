@@ -180,7 +180,7 @@ class LSTMLanguageModel(nn.Module):
     """Word-level LSTM language model: embedding -> dropout -> LSTM x L -> dropout -> decoder.
 
     Inputs are ``(seq_len, batch)`` token ids (time-major, the layout of the BPTT
-    streams in :mod:`horovod_gravac.data`); the output is ``(seq_len, batch, vocab)``
+    streams in :mod:`horovod_gravac.harness.data`); the output is ``(seq_len, batch, vocab)``
     logits and the new hidden state. Call :meth:`init_hidden` with the batch size
     actually used (training and evaluation batch sizes differ) and detach the state
     between consecutive BPTT windows (:func:`detach_hidden`).

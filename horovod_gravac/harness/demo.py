@@ -1,9 +1,10 @@
 """The embedded default: short 2-rank trainings on data that ships with installed packages, and a report.
 
-    python -m horovod_gravac.demo --out reports/demo
+    python -m horovod_gravac.harness.demo --out reports/demo
 
 Runs, one after another, each as ``horovodrun -np 2 -H localhost:2 --gloo python -m
-horovod_gravac.train --preset PRESET ...`` in a subprocess with a timeout.  Two workloads:
+horovod_gravac.harness.train --preset PRESET ...`` in a subprocess with a timeout.  Two
+workloads:
 
 **digits** (``--preset digits``: a small CNN on scikit-learn's handwritten digits):
 
@@ -26,7 +27,7 @@ near dense accuracy, so this run shows the mechanics, not a case where adaptivit
 needed for accuracy.
 
 All runs use the same seed, data order and number of steps. Then it builds the report
-(:mod:`horovod_gravac.report`: PNG plots, CSV/JSON) in ``--out`` and prints the summary
+(:mod:`horovod_gravac.harness.report`: PNG plots, CSV/JSON) in ``--out`` and prints the summary
 table: final test accuracy, difference to dense, floats sent relative to dense, time,
 and the fraction of step time spent producing batches. Finally it checks the targets
 (GraVAC within 1 percentage point of dense accuracy with at least 10x fewer floats)
@@ -60,7 +61,7 @@ from typing import Dict, List, Optional
 
 _PAPER_GRAVAC = ["--controller", "gravac", "--compressor", "topk", "--epsilon", "0.9",
                  "--policy", "exponential", "--theta-min", "10", "--theta-max", "1000"]
-# name, preset, extra flags for horovod_gravac.train
+# name, preset, extra flags for horovod_gravac.harness.train
 RUNS = [
     ("dense", "digits", ["--controller", "dense"]),
     ("static-topk100", "digits", ["--controller", "static", "--compressor", "topk", "--cf", "100"]),
@@ -89,7 +90,7 @@ def run_one(name: str, preset: str, flags: List[str], run_dir: str, steps: Optio
             np_: int, quiet: bool) -> Dict:
     """Launch one 2-rank training; stream rank 0's progress; kill the job on timeout."""
     cmd = [find_horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
-           sys.executable, "-m", "horovod_gravac.train", "--preset", preset, "--out", run_dir] + flags
+           sys.executable, "-m", "horovod_gravac.harness.train", "--preset", preset, "--out", run_dir] + flags
     if steps:
         cmd += ["--steps", str(steps)]
     log_path = run_dir.rstrip("/") + ".log"
@@ -145,7 +146,8 @@ def check_targets(rows: List[dict]) -> List[dict]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m horovod_gravac.demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m horovod_gravac.harness.demo",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.path.join("reports", "demo"), help="report directory")
     p.add_argument("--steps", type=int, help="override the presets' training steps (see train.py)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds allowed per run")

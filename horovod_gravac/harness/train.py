@@ -1,13 +1,13 @@
 """Training harness for the paper's workloads, launched under ``horovodrun``.
 
-    horovodrun -np 2 -H localhost:2 --gloo python -m horovod_gravac.train \\
+    horovodrun -np 2 -H localhost:2 --gloo python -m horovod_gravac.harness.train \\
         --preset digits --controller gravac --epsilon 0.9 --out runs/digits-gravac
 
-    horovodrun -np 32 -hostfile hosts python -m horovod_gravac.train \\
+    horovodrun -np 32 -hostfile hosts python -m horovod_gravac.harness.train \\
         --preset resnet101-cifar10 --data /data/cifar-10-batches-py \\
         --controller gravac --compressor dgc --out runs/r101-gravac
 
-Every rank trains on its shard of the data (see :mod:`horovod_gravac.data`);
+Every rank trains on its shard of the data (see :mod:`horovod_gravac.harness.data`);
 gradients go through :class:`horovod_gravac.DistributedOptimizer` with the chosen
 controller (dense, static CF, GraVAC, Accordion) and compressor. Rank 0 prints a
 progress line (loss, CF, throughput) and writes to ``--out``:
@@ -64,7 +64,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
                      weight_decay=1e-4, lr_milestones="", steps=20000, eval_every=500, width=1500,
                      dropout=0.5, eval_batch_size=10, compressor="dgc", theta_min=10.0,
                      theta_max=1000.0, window=500, omega=0.01, epsilon=0.7, policy="exponential"),
-    # The embedded default (horovod_gravac.demo): 2 ranks on two CPU cores, a few minutes.
+    # The embedded default (horovod_gravac.harness.demo): 2 ranks on two CPU cores, a few minutes.
     "digits": dict(model="tinycnn", dataset="digits", batch_size=32, lr=0.05, momentum=0.9,
                    weight_decay=1e-4, lr_milestones="", steps=1000, eval_every=100, width=16,
                    compressor="topk", cf=100.0, theta_min=10.0, theta_max=1000.0, window=100,
@@ -232,7 +232,7 @@ def make_compressor(args) -> Callable:
 
 
 def make_controller(args):
-    from . import controllers as C
+    from .. import controllers as C
     if args.controller == "dense":
         return C.Dense()
     if args.controller == "static":
@@ -253,7 +253,7 @@ def make_controller(args):
 
 def make_optimizer(args, model: torch.nn.Module):
     """The one place the distributed optimizer is created (docs/API_CONTRACT.md)."""
-    from .optimizer import DistributedOptimizer
+    from ..optimizer import DistributedOptimizer
     options = inspect.signature(DistributedOptimizer).parameters
     extra = {}
     momentum = args.momentum
