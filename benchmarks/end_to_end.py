@@ -63,6 +63,7 @@ if ROOT not in sys.path:
 
 from benchmarks import cost_model as cm  # noqa: E402
 from benchmarks.netem import run_ranks   # noqa: E402
+from horovod_gravac.harness import runlog  # noqa: E402
 
 
 # Workloads: training flags, steps, evaluation interval, GraVAC window and Accordion
@@ -176,7 +177,7 @@ def run_config(name: str, run_dir: str, np_: int, rate: Optional[str], steps: in
             log(f"{name}: {status}\n{tail}")
     except Exception as e:  # namespaces/launcher failure: record it, go on with the others
         status = f"launcher error: {e}"
-    if status == "ok" and not os.path.exists(os.path.join(run_dir, "summary.json")):
+    if status == "ok" and not runlog.is_finished(run_dir):
         status = "no summary.json"
     wall = time.perf_counter() - t0
     log(f"{name}: {status} in {wall:.0f}s ({mode})")
@@ -188,21 +189,14 @@ def run_config(name: str, run_dir: str, np_: int, rate: Optional[str], steps: in
 
 
 # --------------------------------------------------------------------------- analysis
-def _jsonl(path: str) -> List[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def load_run(run_dir: str) -> Optional[Dict]:
     """Steps, evaluations (with cumulative training time) and summary of one run."""
     meta_path = os.path.join(run_dir, "bench.json")
     meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
-    if meta.get("status", "ok") != "ok" or not os.path.exists(os.path.join(run_dir, "summary.json")):
+    if meta.get("status", "ok") != "ok" or not runlog.is_finished(run_dir):
         return None
-    steps = _jsonl(os.path.join(run_dir, "steps.jsonl"))
-    evals = _jsonl(os.path.join(run_dir, "eval.jsonl"))
+    run = runlog.load_run(run_dir)
+    steps, evals = run.steps, run.evals
     if not steps or not evals:
         return None
     cum, t = {}, 0.0
@@ -211,11 +205,7 @@ def load_run(run_dir: str) -> Optional[Dict]:
         cum[int(s["step"])] = t
     for e in evals:
         e["train_time"] = cum.get(int(e["step"]), t)
-    with open(os.path.join(run_dir, "config.json")) as f:
-        config = json.load(f)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
-    return {"steps": steps, "evals": evals, "summary": summary, "config": config, "meta": meta}
+    return {"steps": steps, "evals": evals, "summary": run.summary, "config": run.config, "meta": meta}
 
 
 def time_to(evals: List[dict], target: float) -> Optional[float]:

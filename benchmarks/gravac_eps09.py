@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import shutil
 import signal
@@ -48,6 +47,8 @@ import subprocess
 import sys
 import time
 from typing import Dict, List, Optional
+
+from horovod_gravac.harness import runlog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = "ngram-pydoc-chars"
@@ -103,14 +104,12 @@ def launch(name: str, flags: List[str], run_dir: str, seed: int, steps: Optional
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     seconds = time.perf_counter() - t0
-    summary_path = os.path.join(run_dir, "summary.json")
-    ok = proc.returncode == 0 and not timed_out and os.path.exists(summary_path)
+    ok = proc.returncode == 0 and not timed_out and runlog.is_finished(run_dir)
     status = "ok" if ok else ("timed out" if timed_out else f"failed (exit {proc.returncode})")
     print(f"   {status} in {seconds:.1f}s (log {os.path.relpath(log_path, ROOT)})", flush=True)
     if not ok:
         return {"ok": False, "status": status, "seconds": seconds}
-    with open(summary_path) as f:
-        summary = json.load(f)
+    summary = runlog.load_run(run_dir).summary
     return {"ok": True, "status": status, "seconds": seconds, "summary": summary}
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from horovod_gravac.harness import train as T
+from horovod_gravac.harness.runlog import load_run
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data import write_cifar10, write_cifar100   # noqa: E402
@@ -121,10 +122,9 @@ def write_text_corpus(root, n_lines=300, seed=0):
 
 
 def read_run(d):
-    d = Path(d)
-    steps = [json.loads(x) for x in (d / "steps.jsonl").read_text().splitlines()]
-    evals = [json.loads(x) for x in (d / "eval.jsonl").read_text().splitlines()]
-    return json.loads((d / "config.json").read_text()), steps, evals, json.loads((d / "summary.json").read_text())
+    run = load_run(str(d))
+    assert run.finished, f"{d}: no summary.json"
+    return run.config, run.steps, run.evals, run.summary
 
 
 RUNS = {

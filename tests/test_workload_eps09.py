@@ -2,7 +2,6 @@
 character-context data set, the fastText-style model, the preset, why Top-k loses nothing
 on it, and one real 2-rank dense vs GraVAC (epsilon 0.9) comparison asserting the target:
 within 0.5 percentage points of dense accuracy with at least 10x fewer bytes."""
-import json
 import os
 import shutil
 import signal
@@ -18,6 +17,7 @@ from horovod_gravac.harness import data as gd
 from horovod_gravac.harness import train as T
 from horovod_gravac.compressors.topk import TopKCompressor
 from horovod_gravac.harness.models import HashedNGram, build_model
+from horovod_gravac.harness.runlog import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,7 +181,9 @@ def _launch(out_dir, *flags, timeout=420):
         out, _ = proc.communicate()
         pytest.fail(f"2-rank run timed out after {timeout}s: {' '.join(flags)}\n{out[-4000:]}")
     assert proc.returncode == 0, f"2-rank run failed: {' '.join(flags)}\n{out[-6000:]}"
-    return json.loads((Path(out_dir) / "summary.json").read_text())
+    run = load_run(str(out_dir))
+    assert run.finished, f"{out_dir}: no summary.json"
+    return run.summary
 
 
 def test_two_rank_gravac_eps09_meets_the_target(tmp_path):

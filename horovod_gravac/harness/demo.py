@@ -59,6 +59,8 @@ import threading
 import time
 from typing import Dict, List, Optional
 
+from .runlog import is_finished
+
 _PAPER_GRAVAC = ["--controller", "gravac", "--compressor", "topk", "--epsilon", "0.9",
                  "--policy", "exponential", "--theta-min", "10", "--theta-max", "1000"]
 # name, preset, extra flags for horovod_gravac.harness.train
@@ -123,7 +125,7 @@ def run_one(name: str, preset: str, flags: List[str], run_dir: str, steps: Optio
                 proc.wait()
         reader.join(timeout=10)
     seconds = time.perf_counter() - t0
-    ok = proc.returncode == 0 and not timed_out and os.path.exists(os.path.join(run_dir, "summary.json"))
+    ok = proc.returncode == 0 and not timed_out and is_finished(run_dir)
     status = "ok" if ok else ("timed out" if timed_out else f"failed (exit {proc.returncode})")
     print(f"   {name}: {status} in {seconds:.1f}s (log {log_path})", flush=True)
     return {"name": name, "preset": preset, "ok": ok, "status": status, "seconds": seconds, "log": log_path,

@@ -3,7 +3,8 @@
     python -m horovod_gravac.harness.report runs/dense runs/static runs/gravac --out reports/demo
 
 Reads each run directory written by :mod:`horovod_gravac.harness.train` (``config.json``,
-``steps.jsonl``, ``eval.jsonl``, ``summary.json``) and writes to ``--out``:
+``steps.jsonl``, ``eval.jsonl``, ``summary.json``; read with
+:func:`horovod_gravac.harness.runlog.load_run`) and writes to ``--out``:
 
 PNG plots
   ``accuracy.png``                test accuracy (or ``perplexity.png``) vs iterations (Fig. 7a/8a/9a)
@@ -32,42 +33,19 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from .runlog import load_run
+
 KDE_BANDWIDTH_LOG10 = 0.1   # paper: "smoothing bandwidth of 0.1 passed to the gaussian KDE"
 
 
 # --------------------------------------------------------------------------- reading
-def _read_jsonl(path: str) -> List[dict]:
-    rows = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        pass   # a run killed mid-write leaves a partial last line
-    return rows
-
-
-def _read_json(path: str) -> dict:
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
-    return {}
-
-
 class Run:
     """One training run directory."""
 
     def __init__(self, path: str, label: Optional[str] = None):
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"run directory {path!r} does not exist")
+        log = load_run(path)
         self.path = path
-        self.config = _read_json(os.path.join(path, "config.json"))
-        self.summary = _read_json(os.path.join(path, "summary.json"))
-        self.steps = _read_jsonl(os.path.join(path, "steps.jsonl"))
-        self.evals = _read_jsonl(os.path.join(path, "eval.jsonl"))
+        self.config, self.summary, self.steps, self.evals = log.config, log.summary, log.steps, log.evals
         if not self.steps and not self.evals:
             raise ValueError(f"{path!r} has no steps.jsonl/eval.jsonl: not a finished training run")
         self.label = label or os.path.basename(os.path.normpath(path))

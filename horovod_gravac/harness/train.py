@@ -10,13 +10,9 @@
 Every rank trains on its shard of the data (see :mod:`horovod_gravac.harness.data`);
 gradients go through :class:`horovod_gravac.DistributedOptimizer` with the chosen
 controller (dense, static CF, GraVAC, Accordion) and compressor. Rank 0 prints a
-progress line (loss, CF, throughput) and writes to ``--out``:
-
-``config.json``   every setting, the world size, parameter count
-``steps.jsonl``   one line per step: ``opt.stats`` plus loss, lr, data/iteration time
-``eval.jsonl``    one line per evaluation: test loss and accuracy/top-5 (images, hashed
-                  features) or perplexity (language model), over all ranks' shards
-``summary.json``  final and best metrics, floats sent vs dense, time, loader fraction
+progress line (loss, CF, throughput) and writes the run directory ``--out``
+(``config.json``, ``steps.jsonl``, ``eval.jsonl``, ``summary.json``; the format and its
+reader are in :mod:`horovod_gravac.harness.runlog`).
 
 The loader fraction is the time spent producing batches (index into in-memory
 tensors, normalise, augment) divided by the whole iteration time.
@@ -25,9 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
-import inspect
-import json
 import math
 import os
 import sys
@@ -37,11 +30,14 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
+from .. import controllers as C
 from . import data as gdata
 from .models import MODEL_NAMES, build_model, count_parameters, detach_hidden
+from .runlog import RunWriter
 
 CONTROLLERS = ("dense", "static", "gravac", "accordion")
-# --compressor name -> class name in horovod_gravac.compressors (imported lazily).
+# --compressor name -> class name in horovod_gravac.compressors (imported when a run
+# needs it: the compressors import Horovod, the parser and presets do not need it).
 COMPRESSORS = {"topk": "TopKCompressor", "randomk": "RandomKCompressor", "dgc": "DGCCompressor",
                "redsync": "RedSyncCompressor", "sidco": "SIDCoCompressor",
                "powersgd": "PowerSGDCompressor"}
@@ -200,26 +196,17 @@ def resolve_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 # --------------------------------------------------------------------------- construction
 def compressor_class(name: str):
     """The compressor class for a ``--compressor`` name, imported only when asked for."""
-    cls_name = COMPRESSORS[name]
-    pkg = importlib.import_module("horovod_gravac.compressors")
-    cls = getattr(pkg, cls_name, None)
-    if cls is None:
-        try:
-            cls = getattr(importlib.import_module(f"horovod_gravac.compressors.{name}"), cls_name)
-        except (ImportError, AttributeError) as e:
-            raise SystemExit(f"--compressor {name}: horovod_gravac.compressors has no {cls_name} "
-                             f"in this installation ({e})") from e
-    return cls
+    from .. import compressors
+    return getattr(compressors, COMPRESSORS[name])
 
 
 def make_compressor(args) -> Callable:
     """A class or a callable ``cf -> compressor`` for the optimizer."""
     cls = compressor_class(args.compressor)
-    params = inspect.signature(cls.__init__).parameters
     extra = {}
-    if args.compressor == "randomk" and "seed" in params:
+    if args.compressor == "randomk":
         extra["seed"] = 1234 + args.seed        # the same on every rank: shared indices
-    if args.compressor == "powersgd" and "rank" in params:
+    if args.compressor == "powersgd":
         if args.controller == "accordion":
             # Paper Table 4: rank --powersgd-rank (4) in critical regimes (low CF), rank 1 otherwise.
             low, rank = float(args.low_cf), int(args.powersgd_rank)
@@ -232,19 +219,14 @@ def make_compressor(args) -> Callable:
 
 
 def make_controller(args):
-    from .. import controllers as C
     if args.controller == "dense":
         return C.Dense()
     if args.controller == "static":
         return C.StaticCF(args.cf)
     if args.controller == "gravac":
-        kw = dict(theta_min=args.theta_min, theta_max=args.theta_max, epsilon=args.epsilon,
-                  omega=args.omega, window=args.window, policy=args.policy)
-        if args.ewma_alpha is not None:
-            kw["ewma_alpha"] = args.ewma_alpha
-        if "batch_size" in inspect.signature(C.GraVAC.__init__).parameters:
-            kw["batch_size"] = args.batch_size
-        return C.GraVAC(**kw)
+        return C.GraVAC(theta_min=args.theta_min, theta_max=args.theta_max, epsilon=args.epsilon,
+                        omega=args.omega, window=args.window, policy=args.policy,
+                        ewma_alpha=args.ewma_alpha, batch_size=args.batch_size)
     if args.controller == "accordion":
         return C.Accordion(low_cf=args.low_cf, high_cf=args.high_cf, threshold=args.accordion_threshold,
                            interval=args.accordion_interval)
@@ -254,25 +236,18 @@ def make_controller(args):
 def make_optimizer(args, model: torch.nn.Module):
     """The one place the distributed optimizer is created (docs/API_CONTRACT.md)."""
     from ..optimizer import DistributedOptimizer
-    options = inspect.signature(DistributedOptimizer).parameters
-    extra = {}
-    momentum = args.momentum
-    if args.momentum_correction:
-        if "momentum_correction" not in options:
-            raise SystemExit("--momentum-correction: this optimizer has no momentum_correction option")
-        # DGC: the velocity lives in the residual; the wrapped SGD must be momentum-free.
-        extra["momentum_correction"], momentum = args.momentum, 0.0
-    if args.local_clip_norm is not None:
-        if "local_clip_norm" not in options:
-            raise SystemExit("--local-clip-norm: this optimizer has no local_clip_norm option")
-        extra["local_clip_norm"] = args.local_clip_norm
+    # DGC's momentum correction: the velocity lives in the residual, so the wrapped SGD
+    # must be momentum-free.
+    momentum_correction = args.momentum if args.momentum_correction else None
+    momentum = 0.0 if args.momentum_correction else args.momentum
     base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=momentum,
                            weight_decay=args.weight_decay)
-    # Dense SGD compresses nothing: it needs no compressor (the preset's may not be installed).
+    # Dense SGD compresses nothing: it needs no compressor.
     compressor = None if args.controller == "dense" else make_compressor(args)
     opt = DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                compressor=compressor, controller=make_controller(args),
-                               backward_passes_per_step=1, **extra)
+                               backward_passes_per_step=1, momentum_correction=momentum_correction,
+                               local_clip_norm=args.local_clip_norm)
     return opt, base
 
 
@@ -303,50 +278,6 @@ class LRSchedule:
 
 
 # --------------------------------------------------------------------------- output
-def _jsonable(v):
-    if isinstance(v, torch.Tensor):
-        return v.item() if v.numel() == 1 else v.tolist()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None if math.isnan(v) else (1e308 if v > 0 else -1e308)
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (int, float, str, bool)) or v is None:
-        return v
-    return str(v)
-
-
-class RunLog:
-    """Rank 0's files in the run directory (other ranks write nothing)."""
-
-    def __init__(self, out: str, enabled: bool):
-        self.enabled, self.out = enabled, out
-        if enabled:
-            os.makedirs(out, exist_ok=True)
-            self._steps = open(os.path.join(out, "steps.jsonl"), "w")
-            self._eval = open(os.path.join(out, "eval.jsonl"), "w")
-
-    def write_json(self, name: str, obj) -> None:
-        if self.enabled:
-            with open(os.path.join(self.out, name), "w") as f:
-                json.dump(_jsonable(obj), f, indent=2, sort_keys=True)
-
-    def step(self, record: dict) -> None:
-        if self.enabled:
-            self._steps.write(json.dumps(_jsonable(record)) + "\n")
-
-    def eval(self, record: dict) -> None:
-        if self.enabled:
-            self._eval.write(json.dumps(_jsonable(record)) + "\n")
-            self._eval.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._steps.close()
-            self._eval.close()
-
-
 class Progress:
     """Rank 0's progress bar: an in-place line on a terminal, one line per interval otherwise."""
 
@@ -438,13 +369,10 @@ def _clip_and_step(opt, model, clip_norm: Optional[float]) -> None:
     if clip_norm is None:
         opt.step()
         return
-    if hasattr(opt, "synchronize") and hasattr(opt, "skip_synchronize"):
-        opt.synchronize()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-        with opt.skip_synchronize():
-            opt.step()
-    else:  # pragma: no cover - depends on the optimizer build
-        raise SystemExit("--clip-norm needs an optimizer with synchronize()/skip_synchronize()")
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    with opt.skip_synchronize():
+        opt.step()
 
 
 def train(args) -> dict:
@@ -462,7 +390,7 @@ def train(args) -> dict:
         device = torch.device("cuda", hvd.local_rank())
     else:
         device = torch.device("cpu")
-    log = RunLog(args.out, is_root)
+    log = RunWriter(args.out, is_root)
     text = args.dataset in gdata.TEXT_DATASETS
 
     # Data: in memory, sharded by rank.
@@ -506,8 +434,8 @@ def train(args) -> dict:
                    "data_load_seconds": load_time, "torch_threads": torch.get_num_threads(),
                    "device_used": str(device),
                    "task": "language_model" if text else "classification",
-                   "controller_config": getattr(getattr(opt, "controller", None), "config", lambda: None)()})
-    log.write_json("config.json", config)
+                   "controller_config": opt.controller.config()})
+    log.config(config)
     label = f"{args.model}/{args.controller}"
     progress = Progress(args.steps, args.log_every, is_root, label)
     progress.message(f"[{label}] {size} ranks, {config['parameters']:,} parameters, "
@@ -546,7 +474,7 @@ def train(args) -> dict:
         t_iter = time.perf_counter() - it0
         loss_value = loss.item()
 
-        stats = dict(getattr(opt, "stats", {}) or {})
+        stats = dict(opt.stats)
         totals["floats_sent"] += float(stats.get("floats_sent") or 0.0)
         totals["dense_floats"] += float(stats.get("dense_floats") or 0.0)
         totals["bytes_sent"] += float(stats.get("bytes_sent") or 0.0)
@@ -569,8 +497,7 @@ def train(args) -> dict:
             else:
                 result = evaluate_images(model, ds, hvd, args.eval_batch_size, args.max_eval_batches)
             eval_time += time.perf_counter() - e0
-            if hasattr(opt, "reset_timer"):
-                opt.reset_timer()   # evaluation is not iteration time
+            opt.reset_timer()   # evaluation is not iteration time
             result.update({"step": step + 1, "epoch": epoch, "wall_time": time.perf_counter() - wall0,
                            "floats_sent": totals["floats_sent"], "dense_floats": totals["dense_floats"]})
             evals.append(result)
@@ -583,13 +510,15 @@ def train(args) -> dict:
     if not math.isfinite(loss_value):
         progress.message(f"[{label}] warning: the training loss is {loss_value}")
     summary = build_summary(args, evals, totals, cf_steps, wall, eval_time, load_time, size, text)
-    controller = getattr(opt, "controller", None)
-    table = getattr(getattr(controller, "throughput", None), "compression", None)
+    controller = opt.controller
+    # Only the adaptive controllers keep these: GraVAC a compression-throughput table and
+    # a history of its windows, Accordion a history of its checks.
+    table = controller.throughput.compression if isinstance(controller, C.GraVAC) else None
     if table:
         summary["compression_throughput_table"] = {f"{k:g}": v for k, v in table.items()}
-    if getattr(controller, "history", None):
+    if isinstance(controller, (C.GraVAC, C.Accordion)) and controller.history:
         summary["controller_history"] = list(controller.history)
-    log.write_json("summary.json", summary)
+    log.summary(summary)
     log.close()
     if is_root:
         final = summary["final"]
