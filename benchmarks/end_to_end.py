@@ -36,11 +36,11 @@ Outputs under ``--out`` (default benchmarks/results/end_to_end/): ``results.csv`
 ``accuracy_vs_time.png``, ``speedups.png``, ``phases.png`` and the run directories
 (``runs/<config>/``, not meant for git).
 
-    python benchmarks/end_to_end.py                       # ngram, all configurations (~25 min)
-    python benchmarks/end_to_end.py --workload digits     # the demo's CNN (~15 min)
-    python benchmarks/end_to_end.py --quick               # a ~5 minute subset
-    python benchmarks/end_to_end.py --configs dense,topk-cf10,gravac-exp-eps0.7
-    python benchmarks/end_to_end.py --report-only         # re-analyse existing runs
+    python -m benchmarks.end_to_end                       # ngram, all configurations (~25 min)
+    python -m benchmarks.end_to_end --workload digits     # the demo's CNN (~15 min)
+    python -m benchmarks.end_to_end --quick               # a ~5 minute subset
+    python -m benchmarks.end_to_end --configs dense,topk-cf10,gravac-exp-eps0.7
+    python -m benchmarks.end_to_end --report-only         # re-analyse existing runs
 """
 from __future__ import annotations
 
@@ -56,14 +56,12 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
+from benchmarks import cost_model as cm
+from benchmarks.netem import run_ranks
+from horovod_gravac.harness import runlog
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from benchmarks import cost_model as cm  # noqa: E402
-from benchmarks.netem import run_ranks   # noqa: E402
-from horovod_gravac.harness import runlog  # noqa: E402
 
 
 # Workloads: training flags, steps, evaluation interval, GraVAC window and Accordion

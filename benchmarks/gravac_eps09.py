@@ -1,7 +1,7 @@
 """GraVAC at epsilon 0.9 against dense SGD on a small real workload with sparse gradients.
 
-    .venv/bin/python benchmarks/gravac_eps09.py                    # seed 42, ~3 minutes
-    .venv/bin/python benchmarks/gravac_eps09.py --seeds 42,1,2 --check
+    .venv/bin/python -m benchmarks.gravac_eps09                    # seed 42, ~3 minutes
+    .venv/bin/python -m benchmarks.gravac_eps09 --seeds 42,1,2 --check
 
 Target (issue 4): on a small real training run (2 ranks), GraVAC with epsilon 0.9 ends
 within 0.5 percentage points of dense accuracy in the same number of steps while

@@ -1,7 +1,7 @@
 """GraVAC step cost against a static-CF step at the same CF, side by side in one run.
 
 Run under horovodrun (no bandwidth limit: loopback), e.g.
-    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/step_overhead.py
+    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.step_overhead
 
 Configurations are interleaved round-robin (50 rounds of 4 steps) so machine noise hits
 all of them alike.  The table reports the median step time of each and its ratio to the

@@ -68,3 +68,19 @@ def test_python_dash_m_old_and_new_paths(module):
 def test_console_script_points_at_the_harness():
     text = (ROOT / "setup.py").read_text()
     assert "gravac-train=horovod_gravac.harness.train:main" in text
+
+
+def test_benchmarks_are_a_package_without_path_hacks_or_import_cycles():
+    bench = ROOT / "benchmarks"
+    assert (bench / "__init__.py").exists()
+    graph = {}
+    for path in sorted(bench.glob("*.py")):
+        text = path.read_text()
+        assert "sys.path.insert" not in text and "sys.path.append" not in text, path.name
+        graph[path.stem] = {n.split(".")[1] for n in _imports(path)
+                            if n.startswith("benchmarks.") and n.count(".") >= 1} - {path.stem}
+
+    def reaches(a, b, seen=()):
+        return any(n == b or (n not in seen and reaches(n, b, seen + (n,))) for n in graph.get(a, ()))
+    cycles = [m for m in graph if reaches(m, m)]
+    assert not cycles, {m: graph[m] for m in cycles}
