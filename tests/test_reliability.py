@@ -292,11 +292,8 @@ def test_real_elastic_driver_shrinks_and_grows(tmp_path):
     2 -> 1: restore, reset, residuals zeroed, EWMA factor 0.01); at step 14 the survivor
     asks for a second slot and a new worker joins with an empty optimizer (world 1 -> 2:
     sync from rank 0, factor 0.02). Both finish step 24 with identical parameters."""
-    import os
-    import signal
-    import subprocess
     import sys
-    from conftest import ROOT, horovodrun_path
+    from launcher import horovodrun_path, run_with_timeout
     hvdrun = horovodrun_path()
     if hvdrun is None:
         pytest.skip("horovodrun is not installed")
@@ -307,18 +304,11 @@ def test_real_elastic_driver_shrinks_and_grows(tmp_path):
     discover.chmod(0o755)
     cmd = [hvdrun, "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover),
            "--gloo", sys.executable, str(CHECKS), "elastic_driver"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", GRAVAC_ELASTIC_FLAG=str(flag),
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+    rc, out = run_with_timeout(cmd, 240, env={"GRAVAC_ELASTIC_FLAG": str(flag)})
+    if rc is None:
         pytest.fail(f"elastic run timed out\n{out[-4000:]}")
     reports = [line.split("ELASTIC ", 1)[1] for line in out.splitlines() if "ELASTIC " in line]
-    assert proc.returncode == 0 and len(reports) == 2, f"rc={proc.returncode}\n{out[-6000:]}"
+    assert rc == 0 and len(reports) == 2, f"rc={rc}\n{out[-6000:]}"
     survivor = next(r for r in reports if "first_step=0 " in r)
     joined = next(r for r in reports if "first_step=14 " in r)
     assert "sizes=[1, 2]" in survivor and "shrunk=(8, 1, 1, 1, 0.01, 0.0)" in survivor, survivor
@@ -395,7 +385,7 @@ _RANK0 = re.compile(r"\[(\d+,)?0\]<std")   # Gloo: [0]<stdout>, Open MPI: [1,0]<
 def _launcher_cmd(launcher, script, *args):
     import os
     import sys
-    from conftest import horovodrun_path
+    from launcher import horovodrun_path
     hvdrun = horovodrun_path()
     if hvdrun is None:
         pytest.skip("horovodrun is not installed")

@@ -3,8 +3,6 @@ then the report over them. Plus the argument handling, which needs no Horovod.""
 import json
 import os
 import random
-import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +11,10 @@ import pytest
 
 from horovod_gravac.harness import train as T
 from horovod_gravac.harness.runlog import load_run
+from launcher import ROOT, horovodrun_cmd, horovodrun_path, run_with_timeout
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data import write_cifar10, write_cifar100   # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- no Horovod needed
@@ -85,29 +82,13 @@ def test_missing_dataset_is_a_clear_error_not_a_traceback(tmp_path):
 
 
 # --------------------------------------------------------------------------- 2 ranks
-def _horovodrun():
-    cand = Path(sys.executable).parent / "horovodrun"
-    return str(cand) if cand.exists() else shutil.which("horovodrun")
-
-
 def launch(out_dir, *flags, timeout=240):
-    hvdrun = _horovodrun()
-    if hvdrun is None:
-        pytest.skip("horovodrun is not installed (run scripts/setup.sh)")
-    cmd = [hvdrun, "-np", "2", "-H", "localhost:2", "--gloo",
-           sys.executable, "-m", "horovod_gravac.harness.train",
-           "--out", str(out_dir), "--threads", "1", *map(str, flags)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True, cwd=str(ROOT))
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)    # horovodrun and the ranks it started
-        out, _ = proc.communicate()
-        pytest.fail(f"2-rank run timed out after {timeout}s: {' '.join(flags)}\n{out[-4000:]}")
-    assert proc.returncode == 0, f"2-rank run failed: {' '.join(map(str, flags))}\n{out[-6000:]}"
+    cmd = horovodrun_cmd(2, [sys.executable, "-m", "horovod_gravac.harness.train",
+                             "--out", out_dir, "--threads", "1", *flags])
+    rc, out = run_with_timeout(cmd, timeout, cwd=ROOT)
+    if rc is None:
+        pytest.fail(f"2-rank run timed out after {timeout}s: {' '.join(map(str, flags))}\n{out[-4000:]}")
+    assert rc == 0, f"2-rank run failed: {' '.join(map(str, flags))}\n{out[-6000:]}"
     return out
 
 
@@ -149,7 +130,7 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    if _horovodrun() is None:
+    if horovodrun_path() is None:
         pytest.skip("horovodrun is not installed (run scripts/setup.sh)")
     base = tmp_path_factory.mktemp("e2e")
     paths = {"cifar10": base / "cifar10", "cifar100": base / "cifar100", "ptb": base / "ptb"}
