@@ -74,7 +74,7 @@ original again at 1000x); time of both compressions, and the speedup.
 Table 3: compress time of Top-k and the threshold compressors on each CPU path (the
 native kernels with AVX-512 and without SIMD, and the NumPy/torch code that runs when
 they are not built), interleaved; ``--native`` picks the path of tables 1 and 2.
-Targets from issues 2 and 3 are printed beside the figures with PASS/FAIL.
+Cost and quality targets are printed beside the figures with PASS/FAIL.
 """
 from __future__ import annotations
 
@@ -331,7 +331,8 @@ class DeviceClock:
 
 
 def sweep_targets(numel: int, c_pass: float, c_topk: float):
-    """Issue 17's cost targets of a threshold compressor: (ok, text)."""
+    """The cost target of a threshold compressor (at >= 1M entries no more than Top-k and
+    at most 2 passes, below that at most 2x Top-k): (ok, text)."""
     if numel >= 1_000_000:
         return c_topk <= 1.0 and c_pass <= 2.0, "<=1 T, <=2 p"
     return c_topk <= 2.0, "<=2 T"

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.gravac_eps09                    # seed 42, ~3 minutes
     .venv/bin/python -m benchmarks.gravac_eps09 --seeds 42,1,2 --check
 
-Target (issue 4): on a small real training run (2 ranks), GraVAC with epsilon 0.9 ends
+Target: on a small real training run (2 ranks), GraVAC with epsilon 0.9 ends
 within 0.5 percentage points of dense accuracy in the same number of steps while
 sending at least 10x fewer bytes.
 

@@ -1,4 +1,4 @@
-"""Peak memory of a GraVAC step against a dense step, per rank (issue 7 target).
+"""Peak memory of a GraVAC step against a dense step, per rank.
 
     python -m benchmarks.memory                    # launches itself: horovodrun -np 2 --gloo
     python -m benchmarks.memory --np 3 --model mlp --width 2048

@@ -13,7 +13,7 @@ shared machine cancels), and, as a cross-check, the ratio of the two medians.  G
                ride in the last bucket's collective; rank 0's decision is broadcast);
   exploring  - theta_min = CF/10, candidate = CF (multi-level: compress at CF/10, then
                further), sending the candidate: the cost while it is still searching.
-Target (issue 4): GraVAC <= 1.15x static at the same CF, checked on the settled state
+Target: GraVAC <= 1.15x static at the same CF, checked on the settled state
 (same CF sent and compressed).  While exploring, GraVAC must compress the whole gradient
 at theta_min = CF/10 (Algorithm 1, line 6) before reaching CF by multi-level compression;
 that row is compared with static at CF and, for reference, with static at theta_min

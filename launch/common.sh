@@ -99,7 +99,7 @@ gravac_init() {
     MODEL="${MODEL:-resnet101}"
   fi
   # The trainer's presets carry the paper's hyperparameters (batch, lr and its decay,
-  # momentum, weight decay, steps, model sizes: DESIGN_NOTES section 7).
+  # momentum, weight decay, steps, model sizes: the paper's section IV-A).
   local default_data
   case "$MODEL" in
     resnet101) PRESET="${PRESET:-resnet101-cifar10}"; default_data="$DATA_ROOT/cifar-10-batches-py" ;;

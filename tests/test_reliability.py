@@ -1,4 +1,4 @@
-"""Reliability (issue 7): bad input, non-finite gradients, consistency, dead or stalled
+"""Reliability: bad input, non-finite gradients, consistency, dead or stalled
 ranks, checkpoint/resume, Horovod elastic.
 
 Single-process tests first, then real multi-rank runs of tests/dist/reliability_checks.py
@@ -267,7 +267,7 @@ def test_reliability_checks(np_):
 
 
 def test_bucket_cap_mb_mismatch_fails_on_every_rank():
-    """Issue 14 item 3: ranks with different bucket_cap_mb raise ValueError naming it, on
+    """Ranks with different bucket_cap_mb raise ValueError naming it, on
     every rank, at start-up (no hang, no IndexError later)."""
     proc = run_ranks(2, CHECKS, "mismatch_bucket_cap_mb", timeout=120)
     assert proc.returncode == 0 and "PASS mismatch_bucket_cap_mb" in proc.stdout, proc.stdout[-4000:]

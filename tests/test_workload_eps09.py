@@ -1,4 +1,4 @@
-"""The sparse-gradient workload of issue 4 (``--preset ngram-pydoc-chars``): the hashed
+"""The sparse-gradient workload (``--preset ngram-pydoc-chars``): the hashed
 character-context data set, the fastText-style model, the preset, why Top-k loses nothing
 on it, and one real 2-rank dense vs GraVAC (epsilon 0.9) comparison asserting the target:
 within 0.5 percentage points of dense accuracy with at least 10x fewer bytes."""
@@ -171,7 +171,7 @@ def _launch(out_dir, *flags, timeout=420):
 
 
 def test_two_rank_gravac_eps09_meets_the_target(tmp_path):
-    """Issue 4: same steps and seed; GraVAC eps 0.9 within 0.5 pp of dense, >= 10x fewer bytes.
+    """Same steps and seed; GraVAC eps 0.9 within 0.5 pp of dense, >= 10x fewer bytes.
     About two minutes: two 1000-step runs of ~50-65 s each on two cores."""
     dense = _launch(tmp_path / "dense", "--controller", "dense")
     gravac = _launch(tmp_path / "gravac", "--controller", "gravac", "--epsilon", "0.9")

@@ -45,7 +45,7 @@ DATASETS = gdata.IMAGE_DATASETS + gdata.TEXT_DATASETS + gdata.FEATURE_DATASETS
 DEFAULT_DATASET = {"resnet101": "cifar10", "vgg16": "cifar100", "lstm": "ptb",
                    "tinycnn": "digits", "tinylstm": "pydoc", "ngram": "pydoc-chars"}
 
-# Paper section IV-A / DESIGN_NOTES section 7. Explicit flags override a preset.
+# The paper's hyperparameters (section IV-A). Explicit flags override a preset.
 PRESETS: Dict[str, Dict[str, Any]] = {
     "resnet101-cifar10": dict(model="resnet101", dataset="cifar10", batch_size=32, lr=0.1, momentum=0.9,
                               weight_decay=1e-4, lr_milestones="9000,14000", lr_gamma=0.1,
@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a model with GraVAC (or a baseline) over Horovod. Launch under horovodrun.")
     a = p.add_argument
     # Every option defaults to None so that a preset can fill it; DEFAULTS fills the rest.
-    a("--preset", choices=sorted(PRESETS), help="the paper's hyperparameters for a workload (DESIGN_NOTES 7)")
+    a("--preset", choices=sorted(PRESETS), help="the paper's hyperparameters for a workload (section IV-A)")
     a("--model", choices=MODEL_NAMES, help=f"default {DEFAULTS['model']}")
     a("--dataset", choices=DATASETS, help="default: cifar10/cifar100/ptb/digits/pydoc/pydoc-chars by model")
     a("--data", help="directory with the on-disk data set (CIFAR python pickles, ptb.*.txt)")
