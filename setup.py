@@ -32,5 +32,5 @@ setup(
         "report": ["matplotlib", "scikit-learn"],
         "mpi": ["mpi4py"],
     },
-    entry_points={"console_scripts": ["gravac-train=horovod_gravac.train:main"]},
+    entry_points={"console_scripts": ["gravac-train=horovod_gravac.harness.train:main"]},
 )

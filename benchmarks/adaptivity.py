@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import os
 import statistics
@@ -49,6 +48,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from benchmarks.netem import run_ranks
+from horovod_gravac.harness import runlog
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "results", "adaptivity")
@@ -129,7 +129,7 @@ def log(msg: str) -> None:
 # --------------------------------------------------------------------------- running
 def train_command(workload: str, flags: Sequence[str], run_dir: str, steps: int, eval_every: int) -> List[str]:
     w = WORKLOADS[workload]
-    return [sys.executable, "-m", "horovod_gravac.train", *w["flags"], *flags,
+    return [sys.executable, "-m", "horovod_gravac.harness.train", *w["flags"], *flags,
             "--window", str(w["window"]), "--accordion-interval", str(w["window"]),
             "--steps", str(steps), "--eval-every", str(eval_every), "--threads", "1",
             "--log-every", str(10 ** 6), "--out", run_dir]
@@ -137,31 +137,24 @@ def train_command(workload: str, flags: Sequence[str], run_dir: str, steps: int,
 
 def run(workload: str, flags: Sequence[str], run_dir: str, rate: str, np_: int, steps: int,
         eval_every: int, timeout: float) -> bool:
-    if os.path.exists(os.path.join(run_dir, "summary.json")):
+    if runlog.is_finished(run_dir):
         return True   # done in an earlier invocation
     os.makedirs(run_dir, exist_ok=True)
     t0 = time.time()
     results = run_ranks(train_command(workload, flags, run_dir, steps, eval_every), np=np_, rate=rate,
                         timeout=timeout, check=False, log_dir=run_dir)
-    ok = all(r.returncode == 0 for r in results) and os.path.exists(os.path.join(run_dir, "summary.json"))
+    ok = all(r.returncode == 0 for r in results) and runlog.is_finished(run_dir)
     log(f"{workload} {rate} {os.path.basename(run_dir)}: {'ok' if ok else 'FAILED'} in {time.time() - t0:.0f}s "
         f"({results[0].mode})")
     return ok
 
 
-def _jsonl(path: str) -> List[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def load_run(run_dir: str) -> Optional[dict]:
-    try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            summary = json.load(f)
-        return {"summary": summary, "steps": _jsonl(os.path.join(run_dir, "steps.jsonl")),
-                "evals": _jsonl(os.path.join(run_dir, "eval.jsonl"))}
-    except (OSError, ValueError):
+    """A finished run as {"summary", "steps", "evals"}; None if it did not finish."""
+    if not runlog.is_finished(run_dir):
         return None
+    r = runlog.load_run(run_dir)
+    return {"summary": r.summary, "steps": r.steps, "evals": r.evals}
 
 
 def median_step(run_: dict) -> float:

@@ -2,12 +2,12 @@
 of tensor sizes, estimation quality, wire bytes, and multi-level versus direct compression
 (the GraVAC paper's Table 3).
 
-    .venv/bin/python benchmarks/compressors.py --sweep-only    # the size sweep, ~2 min
-    .venv/bin/python benchmarks/compressors.py --sweep-only --out benchmarks/results/compressors_sweep
-    .venv/bin/python benchmarks/compressors.py --sweep-only --device cuda --out /tmp/sweep_gpu
-    .venv/bin/python benchmarks/compressors.py                 # sweep, then tables 1-3 at 25M entries
-    .venv/bin/python benchmarks/compressors.py --no-sweep --numel 2000000 --repeats 3   # quick look
-    .venv/bin/python benchmarks/compressors.py --no-sweep --csv results/compressors.csv
+    .venv/bin/python -m benchmarks.compressors --sweep-only    # the size sweep, ~2 min
+    .venv/bin/python -m benchmarks.compressors --sweep-only --out benchmarks/results/compressors_sweep
+    .venv/bin/python -m benchmarks.compressors --sweep-only --device cuda --out /tmp/sweep_gpu
+    .venv/bin/python -m benchmarks.compressors                 # sweep, then tables 1-3 at 25M entries
+    .venv/bin/python -m benchmarks.compressors --no-sweep --numel 2000000 --repeats 3   # quick look
+    .venv/bin/python -m benchmarks.compressors --no-sweep --csv results/compressors.csv
 
 Size sweep (table 0).  The optimizer compresses buckets of at most 6.5M float32 entries
 (``bucket_cap_mb=25``), often far fewer; there a streaming pass runs in cache and the fixed
@@ -74,7 +74,7 @@ original again at 1000x); time of both compressions, and the speedup.
 Table 3: compress time of Top-k and the threshold compressors on each CPU path (the
 native kernels with AVX-512 and without SIMD, and the NumPy/torch code that runs when
 they are not built), interleaved; ``--native`` picks the path of tables 1 and 2.
-Targets from issues 2 and 3 are printed beside the figures with PASS/FAIL.
+Cost and quality targets are printed beside the figures with PASS/FAIL.
 """
 from __future__ import annotations
 
@@ -93,10 +93,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from horovod_gravac import native  # noqa: E402
-from horovod_gravac.compressors import (DGCCompressor, RandomKCompressor, RedSyncCompressor,  # noqa: E402
+from horovod_gravac import native
+from horovod_gravac.compressors import (DGCCompressor, RandomKCompressor, RedSyncCompressor,
                                         SIDCoCompressor, SparseCompressor, TopKCompressor, kept_count)
 
 COMPRESSORS = {
@@ -333,7 +331,8 @@ class DeviceClock:
 
 
 def sweep_targets(numel: int, c_pass: float, c_topk: float):
-    """Issue 17's cost targets of a threshold compressor: (ok, text)."""
+    """The cost target of a threshold compressor (at >= 1M entries no more than Top-k and
+    at most 2 passes, below that at most 2x Top-k): (ok, text)."""
     if numel >= 1_000_000:
         return c_topk <= 1.0 and c_pass <= 2.0, "<=1 T, <=2 p"
     return c_topk <= 2.0, "<=2 T"
@@ -512,7 +511,7 @@ def main(argv=None) -> int:
     if argv is None and os.environ.get("HG_BENCH_MALLOC") != args.malloc:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
         env.update(MALLOC_ENV[args.malloc], HG_BENCH_MALLOC=args.malloc)
-        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.compressors", *sys.argv[1:]], env)
 
     torch.set_num_threads(1)
     native.use(args.native)

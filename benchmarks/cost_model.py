@@ -26,10 +26,10 @@ efficiency measured on the emulated link.
 
 CLI::
 
-    python benchmarks/cost_model.py project [--measurements m.csv] [--csv out.csv]
-    python benchmarks/cost_model.py fit --probe benchmarks/results/net_probe.csv
-    python benchmarks/cost_model.py agree --probe benchmarks/results/net_probe.csv [--csv out.csv]
-    python benchmarks/cost_model.py measure-compress --compressor topk --cfs 10,100,1000
+    python -m benchmarks.cost_model project [--measurements m.csv] [--csv out.csv]
+    python -m benchmarks.cost_model fit --probe benchmarks/results/net_probe.csv
+    python -m benchmarks.cost_model agree --probe benchmarks/results/net_probe.csv [--csv out.csv]
+    python -m benchmarks.cost_model measure-compress --compressor topk --cfs 10,100,1000
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ import os
 import sys
 import time
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from benchmarks.net_probe import read_csv
+from benchmarks.netem import parse_rate
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -79,7 +82,7 @@ class Link:
 
 
 # Fitted on benchmarks/results/net_probe.csv (emulated network, Horovod 0.28.1 + Gloo,
-# 2 and 3 ranks, tbf-shaped veth links) by `python benchmarks/cost_model.py fit`.
+# 2 and 3 ranks, tbf-shaped veth links) by `python -m benchmarks.cost_model fit`.
 # Regenerate after re-running the probe; see PROBE_FIT_NOTE.
 PROBE_FIT: Dict[str, Link] = {
     "100mbit": Link(alpha=1.572e-03, beta=8.892e-08, overhead=1.604e-03, name="fit@100mbit"),
@@ -350,7 +353,6 @@ def fit_probe(rows: Sequence[Dict]) -> Dict[str, Link]:
 def agreement(rows: Sequence[Dict], links: Optional[Dict[str, Link]] = None) -> List[Dict]:
     """Model vs measurement, row by row, for the fitted link and for the bare nominal
     link (beta = 8/rate, no latency): where and by how much they disagree."""
-    from benchmarks.netem import parse_rate
     links = links or fit_probe(rows)
     out = []
     for r in rows:
@@ -461,13 +463,10 @@ MEASUREMENT_FIELDS = ["model", "cf", "compute_s", "compress_s", "decompress_s", 
 # ---------------------------------------------------------------------------
 
 def _read_probe(path: str) -> List[Dict]:
-    sys.path.insert(0, os.path.dirname(HERE))
-    from benchmarks.net_probe import read_csv
     return read_csv(path)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    sys.path.insert(0, os.path.dirname(HERE))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command")
     default_probe = os.path.join(RESULTS, "net_probe.csv")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end benchmark on the emulated constrained network (issue 6, items 2 and 4).
+"""End-to-end benchmark on the emulated constrained network: time to accuracy and floats sent.
 
 Every configuration trains one workload as Horovod Gloo ranks placed in network
 namespaces joined by tbf rate-limited links (:func:`benchmarks.netem.run_ranks`), one
@@ -24,7 +24,8 @@ From the per-step JSON lines and the evaluations of every run it reports, like t
 * floats sent relative to dense and to Accordion (Top-k);
 * the per-phase split of the training time: compute (forward, backward, update, data),
   compress, communicate (``compress_time`` and ``comm_time`` of ``opt.stats``);
-* the targets of issue 6, PASS/FAIL as measured;
+* the targets (T1a: >= 3x faster than dense, T1b: >= 1.5x faster than static Top-k 10x,
+  T2: <= 1.2x the fastest static run), PASS/FAIL as measured;
 * the alpha-beta cost model (benchmarks/cost_model.py, link fitted by the probe) fed
   with each run's measured compute/compress times and per-step payloads, against the
   measured step times.
@@ -36,11 +37,11 @@ Outputs under ``--out`` (default benchmarks/results/end_to_end/): ``results.csv`
 ``accuracy_vs_time.png``, ``speedups.png``, ``phases.png`` and the run directories
 (``runs/<config>/``, not meant for git).
 
-    python benchmarks/end_to_end.py                       # ngram, all configurations (~25 min)
-    python benchmarks/end_to_end.py --workload digits     # the demo's CNN (~15 min)
-    python benchmarks/end_to_end.py --quick               # a ~5 minute subset
-    python benchmarks/end_to_end.py --configs dense,topk-cf10,gravac-exp-eps0.7
-    python benchmarks/end_to_end.py --report-only         # re-analyse existing runs
+    python -m benchmarks.end_to_end                       # ngram, all configurations (~25 min)
+    python -m benchmarks.end_to_end --workload digits     # the demo's CNN (~15 min)
+    python -m benchmarks.end_to_end --quick               # a ~5 minute subset
+    python -m benchmarks.end_to_end --configs dense,topk-cf10,gravac-exp-eps0.7
+    python -m benchmarks.end_to_end --report-only         # re-analyse existing runs
 """
 from __future__ import annotations
 
@@ -56,13 +57,12 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
+from benchmarks import cost_model as cm
+from benchmarks.netem import run_ranks
+from horovod_gravac.harness import runlog
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from benchmarks import cost_model as cm  # noqa: E402
-from benchmarks.netem import run_ranks   # noqa: E402
 
 
 # Workloads: training flags, steps, evaluation interval, GraVAC window and Accordion
@@ -130,7 +130,7 @@ def compressor_available(name: Optional[str]) -> Optional[str]:
     """None if the compressor exists in this installation, else why not."""
     if name is None:
         return None
-    from horovod_gravac.train import COMPRESSORS
+    from horovod_gravac.harness.train import COMPRESSORS
     cls = COMPRESSORS[name]
     try:
         pkg = importlib.import_module("horovod_gravac.compressors")
@@ -148,7 +148,7 @@ def train_command(name: str, run_dir: str, steps: int, eval_every: int) -> List[
     group, _, flags = CONFIGS[name]
     extra = {"gravac": ["--window", str(WORKLOAD["window"])],
              "accordion": ["--accordion-interval", str(WORKLOAD["interval"])]}.get(group, [])
-    return ([sys.executable, "-m", "horovod_gravac.train"] + WORKLOAD["flags"] + flags + extra
+    return ([sys.executable, "-m", "horovod_gravac.harness.train"] + WORKLOAD["flags"] + flags + extra
             + ["--steps", str(steps), "--eval-every", str(eval_every), "--log-every", str(steps),
                "--out", run_dir])
 
@@ -176,7 +176,7 @@ def run_config(name: str, run_dir: str, np_: int, rate: Optional[str], steps: in
             log(f"{name}: {status}\n{tail}")
     except Exception as e:  # namespaces/launcher failure: record it, go on with the others
         status = f"launcher error: {e}"
-    if status == "ok" and not os.path.exists(os.path.join(run_dir, "summary.json")):
+    if status == "ok" and not runlog.is_finished(run_dir):
         status = "no summary.json"
     wall = time.perf_counter() - t0
     log(f"{name}: {status} in {wall:.0f}s ({mode})")
@@ -188,21 +188,14 @@ def run_config(name: str, run_dir: str, np_: int, rate: Optional[str], steps: in
 
 
 # --------------------------------------------------------------------------- analysis
-def _jsonl(path: str) -> List[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def load_run(run_dir: str) -> Optional[Dict]:
     """Steps, evaluations (with cumulative training time) and summary of one run."""
     meta_path = os.path.join(run_dir, "bench.json")
     meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
-    if meta.get("status", "ok") != "ok" or not os.path.exists(os.path.join(run_dir, "summary.json")):
+    if meta.get("status", "ok") != "ok" or not runlog.is_finished(run_dir):
         return None
-    steps = _jsonl(os.path.join(run_dir, "steps.jsonl"))
-    evals = _jsonl(os.path.join(run_dir, "eval.jsonl"))
+    run = runlog.load_run(run_dir)
+    steps, evals = run.steps, run.evals
     if not steps or not evals:
         return None
     cum, t = {}, 0.0
@@ -211,11 +204,7 @@ def load_run(run_dir: str) -> Optional[Dict]:
         cum[int(s["step"])] = t
     for e in evals:
         e["train_time"] = cum.get(int(e["step"]), t)
-    with open(os.path.join(run_dir, "config.json")) as f:
-        config = json.load(f)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
-    return {"steps": steps, "evals": evals, "summary": summary, "config": config, "meta": meta}
+    return {"steps": steps, "evals": evals, "summary": run.summary, "config": run.config, "meta": meta}
 
 
 def time_to(evals: List[dict], target: float) -> Optional[float]:
@@ -290,7 +279,7 @@ def analyse(runs: Dict[str, Dict], tolerance_pp: float, target: Optional[float],
 
 
 def check_targets(res: Dict) -> List[Dict]:
-    """Issue 6 targets, per GraVAC configuration."""
+    """The targets T1a, T1b and T2 (see the module docstring), per GraVAC configuration."""
     tta = res["tta"]
     static_hits = {n: t for n, t in tta.items()
                    if t is not None and CONFIGS.get(n, ("",))[0] == "static"}

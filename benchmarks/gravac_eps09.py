@@ -1,13 +1,13 @@
 """GraVAC at epsilon 0.9 against dense SGD on a small real workload with sparse gradients.
 
-    .venv/bin/python benchmarks/gravac_eps09.py                    # seed 42, ~3 minutes
-    .venv/bin/python benchmarks/gravac_eps09.py --seeds 42,1,2 --check
+    .venv/bin/python -m benchmarks.gravac_eps09                    # seed 42, ~3 minutes
+    .venv/bin/python -m benchmarks.gravac_eps09 --seeds 42,1,2 --check
 
-Target (issue 4): on a small real training run (2 ranks), GraVAC with epsilon 0.9 ends
+Target: on a small real training run (2 ranks), GraVAC with epsilon 0.9 ends
 within 0.5 percentage points of dense accuracy in the same number of steps while
 sending at least 10x fewer bytes.
 
-Workload: ``--preset ngram-pydoc-chars`` of :mod:`horovod_gravac.train`: next-character
+Workload: ``--preset ngram-pydoc-chars`` of :mod:`horovod_gravac.harness.train`: next-character
 prediction on the Python reference text that ships with CPython (pydoc topics), a
 fastText-style model (hashed 1..5-character contexts into 2^18 buckets x 16, summed,
 then a linear layer over the 100 characters; 4.2M parameters), batch 256 per rank,
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import shutil
 import signal
@@ -48,6 +47,8 @@ import subprocess
 import sys
 import time
 from typing import Dict, List, Optional
+
+from horovod_gravac.harness import runlog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = "ngram-pydoc-chars"
@@ -78,7 +79,7 @@ def launch(name: str, flags: List[str], run_dir: str, seed: int, steps: Optional
            np_: int) -> Dict:
     """One ``np_``-rank training under horovodrun; the job's process group is killed on timeout."""
     cmd = [find_horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, "-m",
-           "horovod_gravac.train", "--preset", PRESET, "--seed", str(seed), "--threads", "1",
+           "horovod_gravac.harness.train", "--preset", PRESET, "--seed", str(seed), "--threads", "1",
            "--out", run_dir] + flags
     if steps:
         cmd += ["--steps", str(steps)]
@@ -103,14 +104,12 @@ def launch(name: str, flags: List[str], run_dir: str, seed: int, steps: Optional
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     seconds = time.perf_counter() - t0
-    summary_path = os.path.join(run_dir, "summary.json")
-    ok = proc.returncode == 0 and not timed_out and os.path.exists(summary_path)
+    ok = proc.returncode == 0 and not timed_out and runlog.is_finished(run_dir)
     status = "ok" if ok else ("timed out" if timed_out else f"failed (exit {proc.returncode})")
     print(f"   {status} in {seconds:.1f}s (log {os.path.relpath(log_path, ROOT)})", flush=True)
     if not ok:
         return {"ok": False, "status": status, "seconds": seconds}
-    with open(summary_path) as f:
-        summary = json.load(f)
+    summary = runlog.load_run(run_dir).summary
     return {"ok": True, "status": status, "seconds": seconds, "summary": summary}
 
 

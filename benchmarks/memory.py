@@ -1,8 +1,8 @@
-"""Peak memory of a GraVAC step against a dense step, per rank (issue 7 target).
+"""Peak memory of a GraVAC step against a dense step, per rank.
 
-    python benchmarks/memory.py                    # launches itself: horovodrun -np 2 --gloo
-    python benchmarks/memory.py --np 3 --model mlp --width 2048
-    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/memory.py   # as is
+    python -m benchmarks.memory                    # launches itself: horovodrun -np 2 --gloo
+    python -m benchmarks.memory --np 3 --model mlp --width 2048
+    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.memory   # as is
 
 How memory is measured.  Python's ``tracemalloc`` does not see torch's allocations and
 torch has no CPU allocator statistics, so this uses the kernel's accounting:
@@ -73,19 +73,19 @@ def launch(args):
     """Re-run this script under horovodrun with the allocator setting, bounded by a timeout."""
     hvdrun = Path(sys.executable).parent / "horovodrun"
     cmd = [str(hvdrun) if hvdrun.exists() else "horovodrun", "-np", str(args.np), "-H",
-           f"localhost:{args.np}", "--gloo", sys.executable, __file__, *sys.argv[1:]]
+           f"localhost:{args.np}", "--gloo", sys.executable, "-m", "benchmarks.memory", *sys.argv[1:]]
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=MMAP_THRESHOLD, OMP_NUM_THREADS="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                GRAVAC_MEMORY_CHILD="1")
     try:
-        return subprocess.run(cmd, env=env, timeout=args.timeout).returncode
+        return subprocess.run(cmd, env=env, timeout=args.timeout, cwd=str(ROOT)).returncode
     except subprocess.TimeoutExpired:
         print(f"memory benchmark timed out after {args.timeout}s", file=sys.stderr)
         return 124
 
 
 def build(args):
-    from horovod_gravac.models import build_model
+    from horovod_gravac.harness.models import build_model
     torch.manual_seed(0)
     if args.model == "mlp":
         w = args.width

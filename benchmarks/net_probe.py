@@ -3,12 +3,15 @@
 
 Two halves:
 
-* the worker (``python benchmarks/net_probe.py --sizes 1MiB,16MiB``), one per rank,
-  started by benchmarks/netem.py: times synchronous ``hvd.allreduce`` (sum) and
+* the worker (``python -m benchmarks.net_probe --worker --sizes 1MiB,16MiB``), one per
+  rank, started through benchmarks/netem.py: times synchronous ``hvd.allreduce`` (sum) and
   ``hvd.allgather`` of float32 tensors of each size per rank, checks the results,
   and rank 0 prints one ``PROBE {json}`` line per measurement;
-* the driver (``run_probe``, or ``python benchmarks/netem.py probe --np 2 --rate 100mbit``),
-  which launches the workers under netem and turns their lines into a table.
+* the driver (``run_probe``, or ``python -m benchmarks.net_probe --np 2,3 --rate 100mbit``;
+  ``python -m benchmarks.netem probe ...`` runs this same command), which launches the
+  workers under netem and turns their lines into a table.
+
+This module uses benchmarks.netem (to launch the ranks); netem does not import it.
 
 Bandwidth definitions (M = bytes per rank, t = slowest rank's median time, N ranks):
 
@@ -30,7 +33,10 @@ import sys
 import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from benchmarks import netem
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,4MiB,16MiB"
 TAG = "PROBE "
 
@@ -120,21 +126,11 @@ def worker(sizes: Sequence[int], repeats: int, warmup: int = 1) -> int:
 # Driver
 # ---------------------------------------------------------------------------
 
-def _netem():
-    sys.path.insert(0, os.path.dirname(HERE))
-    try:
-        from benchmarks import netem
-    except ImportError:
-        import netem  # type: ignore
-    return netem
-
-
 def parse_output(stdout: str) -> List[Dict]:
     return [json.loads(line[len(TAG):]) for line in stdout.splitlines() if line.startswith(TAG)]
 
 
 def enrich(rec: Dict, rate: Optional[str], delay: Optional[str], mode: str) -> Dict:
-    netem = _netem()
     t = rec["median_s"]
     rate_mbit = netem.parse_rate(rate) / 1e6 if (rate and mode == "netns") else None
     busbw = wire_bytes(rec["op"], rec["bytes"], rec["np"]) * 8 / t / 1e6
@@ -152,11 +148,11 @@ def enrich(rec: Dict, rate: Optional[str], delay: Optional[str], mode: str) -> D
 def run_probe(np: int = 2, rate: Optional[str] = "100mbit", delay: Optional[str] = None,
               sizes=DEFAULT_SIZES, repeats: int = 3, timeout: float = 600.0,
               force_localhost: bool = False, python: str = sys.executable) -> List[Dict]:
-    netem = _netem()
     sizes = parse_sizes(sizes)
-    cmd = [python, os.path.join(HERE, "net_probe.py"), "--worker",
+    cmd = [python, "-m", "benchmarks.net_probe", "--worker",
            "--sizes", ",".join(str(s) for s in sizes), "--repeats", str(repeats)]
-    results = netem.run_ranks(cmd, np, rate, delay, timeout, env={"OMP_NUM_THREADS": "1"},
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    results = netem.run_ranks(cmd, np, rate, delay, timeout, env=env,
                               force_localhost=force_localhost)
     mode = results[0].mode
     load1 = os.getloadavg()[0]
@@ -224,21 +220,33 @@ def read_csv(path: str) -> List[Dict]:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", action="store_true", help="run as one Horovod rank")
-    ap.add_argument("--sizes", default=DEFAULT_SIZES)
+    ap.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated message sizes per rank")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--np", type=int, default=2)
-    ap.add_argument("--rate", default="100mbit")
+    ap.add_argument("--np", default="2", help="ranks; a comma list sweeps, e.g. 2,3")
+    ap.add_argument("--rate", default="100mbit", help="link rate; a comma list sweeps")
     ap.add_argument("--delay", default=None)
-    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds, per run")
+    ap.add_argument("--localhost", action="store_true",
+                    help="skip namespaces (plain localhost, no shaping)")
     ap.add_argument("--csv", default=None)
     ap.add_argument("--append", action="store_true")
     args = ap.parse_args(argv)
     if args.worker:
         return worker(parse_sizes(args.sizes), args.repeats)
-    rows = run_probe(args.np, args.rate, args.delay, args.sizes, args.repeats, args.timeout)
-    print(format_table(rows))
+    nps = [int(x) for x in str(args.np).split(",")]
+    rates = [None if x in ("none", "") else x for x in str(args.rate).split(",")]
+    rows = []
+    for rate in rates:          # sweep: --np 2,3 --rate 100mbit,1gbit
+        for np_ in nps:
+            part = run_probe(np=np_, rate=rate, delay=args.delay, sizes=args.sizes,
+                             repeats=args.repeats, timeout=args.timeout,
+                             force_localhost=args.localhost)
+            print(format_table(part), flush=True)
+            rows += part
+            if args.csv:
+                write_csv(part, args.csv, append=args.append or len(rows) > len(part))
     if args.csv:
-        write_csv(rows, args.csv, append=args.append)
+        netem.log(f"wrote {args.csv}")
     return 0
 
 

@@ -29,10 +29,10 @@ so loudly (``EmulatedCluster.mode == "localhost"``).
 
 CLI::
 
-    python benchmarks/netem.py probe --np 2 --rate 100mbit          # bandwidth probe
-    python benchmarks/netem.py run --np 3 --rate 1gbit -- python x.py
-    python benchmarks/netem.py show-commands --np 2 --rate 100mbit --delay 5ms
-    python benchmarks/netem.py --cleanup [--all]
+    python -m benchmarks.netem probe --np 2 --rate 100mbit          # bandwidth probe
+    python -m benchmarks.netem run --np 3 --rate 1gbit -- python x.py
+    python -m benchmarks.netem show-commands --np 2 --rate 100mbit --delay 5ms
+    python -m benchmarks.netem --cleanup [--all]
 
 Library::
 
@@ -848,30 +848,7 @@ def run_ranks(cmd: List[str], np: int, rate: Optional[str] = None, delay: Option
 # CLI
 # ---------------------------------------------------------------------------
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _probe(args) -> int:
-    sys.path.insert(0, os.path.dirname(HERE))
-    try:
-        from benchmarks import net_probe
-    except ImportError:  # run from inside benchmarks/
-        import net_probe  # type: ignore
-    nps = [int(x) for x in str(args.np).split(",")]
-    rates = [None if x in ("none", "") else x for x in str(args.rate).split(",")]
-    rows = []
-    for rate in rates:          # sweep: --np 2,3 --rate 100mbit,1gbit
-        for np_ in nps:
-            part = net_probe.run_probe(np=np_, rate=rate, delay=args.delay, sizes=args.sizes,
-                                       repeats=args.repeats, timeout=args.timeout,
-                                       force_localhost=args.localhost)
-            print(net_probe.format_table(part), flush=True)
-            rows += part
-            if args.csv:
-                net_probe.write_csv(part, args.csv, append=args.append or len(rows) > len(part))
-    if args.csv:
-        log(f"wrote {args.csv}")
-    return 0
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run_cmd(args) -> int:
@@ -900,6 +877,12 @@ def _run_cmd(args) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["probe"]:
+        # The probe lives in benchmarks.net_probe, which imports this module (to launch its
+        # ranks); run it as its own command rather than import it back here.
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        return subprocess.call([sys.executable, "-m", "benchmarks.net_probe", *argv[1:]], env=env)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cleanup", action="store_true",
@@ -916,17 +899,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.add_argument("--localhost", action="store_true",
                        help="skip namespaces (plain localhost, no shaping)")
 
-    p = sub.add_parser("probe", help="measure allreduce/allgather bandwidth through the emulation")
-    p.add_argument("--np", default="2", help="ranks; a comma list sweeps, e.g. 2,3")
-    p.add_argument("--rate", default="100mbit", help="link rate; a comma list sweeps")
-    p.add_argument("--delay", default=None)
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds, per run")
-    p.add_argument("--localhost", action="store_true")
-    p.add_argument("--sizes", default="4KiB,64KiB,1MiB,4MiB,16MiB",
-                   help="comma-separated message sizes per rank")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--csv", default=None)
-    p.add_argument("--append", action="store_true")
+    sub.add_parser("probe", help="measure allreduce/allgather bandwidth through the emulation "
+                                 "(runs python -m benchmarks.net_probe with the same arguments; "
+                                 "see its --help)")
     p = sub.add_parser("run", help="run a command as Horovod ranks in the emulated cluster")
     common(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -942,8 +917,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         removed = cleanup_leftovers(all_runs=args.all)
         log(f"removed {len(removed)} namespace(s)")
         return 0
-    if args.command == "probe":
-        return _probe(args)
     if args.command == "run":
         return _run_cmd(args)
     if args.command == "show-commands":

@@ -1,7 +1,7 @@
 """GraVAC step cost against a static-CF step at the same CF, side by side in one run.
 
 Run under horovodrun (no bandwidth limit: loopback), e.g.
-    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/step_overhead.py
+    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.step_overhead
 
 Configurations are interleaved round-robin (50 rounds of 4 steps) so machine noise hits
 all of them alike.  The table reports the median step time of each and its ratio to the
@@ -13,7 +13,7 @@ shared machine cancels), and, as a cross-check, the ratio of the two medians.  G
                ride in the last bucket's collective; rank 0's decision is broadcast);
   exploring  - theta_min = CF/10, candidate = CF (multi-level: compress at CF/10, then
                further), sending the candidate: the cost while it is still searching.
-Target (issue 4): GraVAC <= 1.15x static at the same CF, checked on the settled state
+Target: GraVAC <= 1.15x static at the same CF, checked on the settled state
 (same CF sent and compressed).  While exploring, GraVAC must compress the whole gradient
 at theta_min = CF/10 (Algorithm 1, line 6) before reaching CF by multi-level compression;
 that row is compared with static at CF and, for reference, with static at theta_min

@@ -3,7 +3,7 @@
 #
 # Each script calls `gravac_init "$@"` (environment + script options), then `gravac_run
 # NAME TRAINER-ARGS...` once per training run. gravac_run builds
-#   <launcher> python -m horovod_gravac.train --model ... <TRAINER-ARGS> <extra args>
+#   <launcher> python -m horovod_gravac.harness.train --model ... <TRAINER-ARGS> <extra args>
 # and runs it, or prints it when DRY_RUN=1. Extra arguments given to the script go
 # last, so they override a preset (argparse keeps the last occurrence of a flag).
 
@@ -62,7 +62,7 @@ What (environment variables):
   DATA_ROOT=/data         parent of the default data folders
   STEPS, BATCH_SIZE, LR, SEED   override the preset (--steps, --batch-size, --lr, --seed)
   REPORT_ROOT=./reports   each run writes its report to REPORT_ROOT/<run name>-<model>
-  TRAIN="python -m horovod_gravac.train"   the training command (e.g. TRAIN=gravac-train)
+  TRAIN="python -m horovod_gravac.harness.train"   the training command (e.g. TRAIN=gravac-train)
 
 Arguments: -h/--help, --dry-run; everything else (and everything after --) is passed
 to the training command after the preset flags, so it overrides them.
@@ -87,7 +87,7 @@ gravac_init() {
   LAUNCHER="${LAUNCHER:-horovodrun}"
   DATA_ROOT="${DATA_ROOT:-/data}"
   REPORT_ROOT="${REPORT_ROOT:-$PWD/reports}"
-  read -r -a GRAVAC_TRAIN <<<"${TRAIN:-python -m horovod_gravac.train}"
+  read -r -a GRAVAC_TRAIN <<<"${TRAIN:-python -m horovod_gravac.harness.train}"
   [ "${#GRAVAC_TRAIN[@]}" -gt 0 ] || die "TRAIN is empty"
   case "$LAUNCHER" in horovodrun|mpirun) ;; *) die "LAUNCHER must be horovodrun or mpirun, not '$LAUNCHER'" ;; esac
 
@@ -99,7 +99,7 @@ gravac_init() {
     MODEL="${MODEL:-resnet101}"
   fi
   # The trainer's presets carry the paper's hyperparameters (batch, lr and its decay,
-  # momentum, weight decay, steps, model sizes: DESIGN_NOTES section 7).
+  # momentum, weight decay, steps, model sizes: the paper's section IV-A).
   local default_data
   case "$MODEL" in
     resnet101) PRESET="${PRESET:-resnet101-cifar10}"; default_data="$DATA_ROOT/cifar-10-batches-py" ;;

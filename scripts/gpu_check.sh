@@ -14,7 +14,7 @@
 #   3. the optimizer on CUDA with each compressor, horovodrun with NCCL
 #      (tests/dist/cuda_checks.py; 2 ranks when there are 2 GPUs, else 1 rank:
 #      NCCL refuses two ranks on one GPU; skipped if Horovod has no NCCL)   -> nccl_optimizer.txt
-#   4. the compressor benchmark on the GPU (benchmarks/compressors.py --device cuda;
+#   4. the compressor benchmark on the GPU (python -m benchmarks.compressors --device cuda;
 #      skipped, with a note, while the benchmark has no --device option)     -> compressors_cuda.txt, .csv
 #   summary.txt: one line per step.  The results folder is printed at the end.
 #
@@ -106,8 +106,8 @@ fi
 # 4. the compressor benchmark on the GPU ------------------------------------------------------------
 # The size sweep (256K-25M entries, one full bucket included), each compressor against
 # exact Top-k (torch.topk on CUDA) on the same tensor and against a streaming pass.
-step "compressor benchmark: benchmarks/compressors.py --sweep-only --device cuda" "$RESULTS/compressors_sweep_cuda.log" \
-  "$PYTHON" benchmarks/compressors.py --sweep-only --device cuda --out "$RESULTS/compressors_sweep_cuda"
+step "compressor benchmark: python -m benchmarks.compressors --sweep-only --device cuda" "$RESULTS/compressors_sweep_cuda.log" \
+  "$PYTHON" -m benchmarks.compressors --sweep-only --device cuda --out "$RESULTS/compressors_sweep_cuda"
 
 echo
 cat "$SUMMARY"

@@ -5,4 +5,4 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
-OMP_NUM_THREADS=1 exec .venv/bin/python -m horovod_gravac.demo --out "${1:-reports/demo}"
+OMP_NUM_THREADS=1 exec .venv/bin/python -m horovod_gravac.harness.demo --out "${1:-reports/demo}"

@@ -1,7 +1,4 @@
-"""Shared helpers: launching real Horovod ranks under a timeout."""
-import os
-import shutil
-import signal
+"""Shared helpers: launching real Horovod ranks under a timeout (see launcher.py)."""
 import subprocess
 import sys
 from pathlib import Path
@@ -10,36 +7,17 @@ import pytest
 import torch
 
 from horovod_gravac import native
-
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-
-def horovodrun_path():
-    cand = BIN / "horovodrun"
-    return str(cand) if cand.exists() else shutil.which("horovodrun")
+from launcher import ROOT, horovodrun_cmd, horovodrun_path, run_with_timeout  # noqa: F401
 
 
 def run_ranks(np_, script, *args, timeout=240, env=None):
     """Run ``script`` on ``np_`` local ranks with Gloo; a hung or failed rank fails the test."""
-    hvdrun = horovodrun_path()
-    if hvdrun is None:
-        pytest.skip("horovodrun is not installed (run scripts/setup.sh)")
-    cmd = [hvdrun, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
-           sys.executable, str(script), *map(str, args)]
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-                    PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    full_env.update(env or {})
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full_env, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)   # horovodrun and every rank it started
-        out, _ = proc.communicate()
+    cmd = horovodrun_cmd(np_, [sys.executable, script, *args])
+    rc, out = run_with_timeout(cmd, timeout, env=env)
+    if rc is None:
         pytest.fail(f"{np_}-rank run of {Path(script).name} {' '.join(map(str, args))} timed out "
                     f"after {timeout}s (a rank hung).\n{out[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    return subprocess.CompletedProcess(cmd, rc, out, "")
 
 
 # The CPU paths of the sparsifiers: the native kernels with AVX-512 ("auto", where the CPU

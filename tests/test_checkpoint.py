@@ -1,4 +1,4 @@
-"""Issue 14 item 2: a checkpoint must not load silently into the wrong optimizer.
+"""A checkpoint must not load silently into the wrong optimizer.
 
 One process, Horovod initialised with one rank (no collectives cross processes); the
 multi-rank resume itself is tested in tests/test_reliability.py."""

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from horovod_gravac import data as D
-from horovod_gravac.models import LSTMLanguageModel, detach_hidden
+from horovod_gravac.harness import data as D
+from horovod_gravac.harness.models import LSTMLanguageModel, detach_hidden
 
 
 # --------------------------------------------------------------------------- helpers

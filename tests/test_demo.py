@@ -1,5 +1,5 @@
-"""The embedded default (``python -m horovod_gravac.demo``, what scripts/quickstart.sh runs):
-a short real run of both workloads, one report each."""
+"""The embedded default (``python -m horovod_gravac.harness.demo``, what
+scripts/quickstart.sh runs): a short real run of both workloads, one report each."""
 import importlib.util
 import json
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from horovod_gravac import demo
+from horovod_gravac.harness import demo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,8 @@ def test_short_demo_writes_one_report_per_workload(tmp_path):
     out = tmp_path / "demo"
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "horovod_gravac.demo", "--out", str(out), "--steps", "20",
+    p = subprocess.run([sys.executable, "-m", "horovod_gravac.harness.demo", "--out", str(out),
+                        "--steps", "20",
                         "--quiet", "--timeout", "150", "--only", "dense,gravac-eps0.9,ngram-dense,ngram-gravac-eps0.9"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, env=env,
                        cwd=str(ROOT))

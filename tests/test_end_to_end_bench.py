@@ -1,6 +1,7 @@
-"""benchmarks/end_to_end.py: analysis on synthetic runs (fast, no Horovod) and one tiny
-real run through the benchmark's own code path (2 ranks, a few steps; network namespaces
-when root, else the localhost fallback), each bounded by a timeout."""
+"""benchmarks/end_to_end.py (``python -m benchmarks.end_to_end``): analysis on synthetic
+runs (fast, no Horovod) and one tiny real run through the benchmark's own code path
+(2 ranks, a few steps; network namespaces when root, else the localhost fallback), each
+bounded by a timeout."""
 import csv
 import importlib.util
 import json
@@ -86,7 +87,7 @@ def test_tiny_real_run_writes_sane_outputs(tmp_path):
     if importlib.util.find_spec("horovod") is None:
         pytest.skip("Horovod is not installed (run scripts/setup.sh)")
     out = tmp_path / "e2e"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "end_to_end.py"), "--configs",
+    cmd = [sys.executable, "-m", "benchmarks.end_to_end", "--configs",
            "dense,topk-cf10,dgc-cf10", "--np", "2", "--steps", "6", "--eval-every", "3",
            "--timeout", "150", "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -12,16 +12,13 @@ directory), else this checkout; e.g. to test another checkout's package with the
 """
 import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, horovodrun_path
+from launcher import ROOT, horovodrun_cmd, run_with_timeout
 
 HERE = Path(__file__).parent
 CHECKS = HERE / "dist" / "compat_checks.py"
@@ -31,31 +28,18 @@ IMPL_ROOT = Path(os.environ.get("HOROVOD_GRAVAC_TEST_ROOT", str(ROOT))).resolve(
 
 def launch(np_, script, args, timeout, mpi=False, env=None):
     """horovodrun ``script args`` on ``np_`` local ranks; returns (returncode or None on timeout, output)."""
-    hvdrun = horovodrun_path()
-    if hvdrun is None:
-        pytest.skip("horovodrun is not installed (run scripts/setup.sh)")
-    cmd = [hvdrun, "-np", str(np_), "-H", f"localhost:{np_}"] + ([] if mpi else ["--gloo"]) + \
-          [sys.executable, str(script), *map(str, args)]
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-                    PYTHONPATH=str(IMPL_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                    # Horovod itself aborts a stalled collective instead of waiting forever
-                    HOROVOD_STALL_CHECK_TIME_SECONDS="30",
+    cmd = horovodrun_cmd(np_, [sys.executable, script, *args], gloo=not mpi)
+    # Horovod itself aborts a stalled collective instead of waiting forever
+    full_env = dict(HOROVOD_STALL_CHECK_TIME_SECONDS="30",
                     HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=str(max(60, timeout - 30)))
     if mpi:
         full_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                         OMPI_MCA_btl_vader_single_copy_mechanism="none")
     full_env.update(env or {})
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full_env, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)   # horovodrun and every rank it started
-        out, _ = proc.communicate()
+    rc, out = run_with_timeout(cmd, timeout, env=full_env, pythonpath=IMPL_ROOT)
+    if rc is None:
         out += f"\n*** TIMEOUT after {timeout}s: a rank hung; every rank was killed ***\n"
-        rc = None
     out += f"\n[launch took {time.monotonic() - start:.1f}s]\n"
     return rc, out
 

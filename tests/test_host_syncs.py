@@ -1,4 +1,4 @@
-"""Host synchronisations per compressor call, counted on the CPU (issue 3, item 7).
+"""Host synchronisations per compressor call, counted on the CPU.
 
 On an accelerator, a "host sync" is an operation whose result the host must know before
 it can go on: the output size of ``nonzero``/``masked_select``/``unique``, or a device

@@ -59,8 +59,8 @@ def _commands(script, args, env):
 
 
 def trainer_args(cmd):
-    """The words after `python -m horovod_gravac.train`."""
-    i = cmd.index("horovod_gravac.train")
+    """The words after `python -m horovod_gravac.harness.train`."""
+    i = cmd.index("horovod_gravac.harness.train")
     assert cmd[i - 2:i] == ["python", "-m"]
     return cmd[i + 1:]
 
@@ -293,11 +293,11 @@ def test_run_path_executes_the_printed_commands(tmp_path):
 
 def _trainer_parser():
     try:
-        from horovod_gravac import train
+        from horovod_gravac.harness import train
     except Exception as e:  # the harness or torch is missing
-        pytest.skip(f"horovod_gravac.train not importable: {e}")
+        pytest.skip(f"horovod_gravac.harness.train not importable: {e}")
     if not hasattr(train, "build_parser"):
-        pytest.skip("horovod_gravac.train has no build_parser()")
+        pytest.skip("horovod_gravac.harness.train has no build_parser()")
     return train
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from horovod_gravac import models as M
+from horovod_gravac.harness import models as M
 
 
 def _fwd_bwd(model, x):

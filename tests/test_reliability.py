@@ -1,4 +1,4 @@
-"""Reliability (issue 7): bad input, non-finite gradients, consistency, dead or stalled
+"""Reliability: bad input, non-finite gradients, consistency, dead or stalled
 ranks, checkpoint/resume, Horovod elastic.
 
 Single-process tests first, then real multi-rank runs of tests/dist/reliability_checks.py
@@ -268,7 +268,7 @@ def test_reliability_checks(np_):
 
 
 def test_bucket_cap_mb_mismatch_fails_on_every_rank():
-    """Issue 14 item 3: ranks with different bucket_cap_mb raise ValueError naming it, on
+    """Ranks with different bucket_cap_mb raise ValueError naming it, on
     every rank, at start-up (no hang, no IndexError later)."""
     proc = run_ranks(2, CHECKS, "mismatch_bucket_cap_mb", timeout=120)
     assert proc.returncode == 0 and "PASS mismatch_bucket_cap_mb" in proc.stdout, proc.stdout[-4000:]
@@ -295,11 +295,8 @@ def test_real_elastic_driver_shrinks_and_grows(tmp_path):
     2 -> 1: restore, reset, residuals zeroed, EWMA factor 0.01); at step 14 the survivor
     asks for a second slot and a new worker joins with an empty optimizer (world 1 -> 2:
     sync from rank 0, factor 0.02). Both finish step 24 with identical parameters."""
-    import os
-    import signal
-    import subprocess
     import sys
-    from conftest import ROOT, horovodrun_path
+    from launcher import horovodrun_path, run_with_timeout
     hvdrun = horovodrun_path()
     if hvdrun is None:
         pytest.skip("horovodrun is not installed")
@@ -310,18 +307,11 @@ def test_real_elastic_driver_shrinks_and_grows(tmp_path):
     discover.chmod(0o755)
     cmd = [hvdrun, "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover),
            "--gloo", sys.executable, str(CHECKS), "elastic_driver"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", GRAVAC_ELASTIC_FLAG=str(flag),
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+    rc, out = run_with_timeout(cmd, 240, env={"GRAVAC_ELASTIC_FLAG": str(flag)})
+    if rc is None:
         pytest.fail(f"elastic run timed out\n{out[-4000:]}")
     reports = [line.split("ELASTIC ", 1)[1] for line in out.splitlines() if "ELASTIC " in line]
-    assert proc.returncode == 0 and len(reports) == 2, f"rc={proc.returncode}\n{out[-6000:]}"
+    assert rc == 0 and len(reports) == 2, f"rc={rc}\n{out[-6000:]}"
     survivor = next(r for r in reports if "first_step=0 " in r)
     joined = next(r for r in reports if "first_step=14 " in r)
     assert "sizes=[1, 2]" in survivor and "shrunk=(8, 1, 1, 1, 0.01, 0.0)" in survivor, survivor
@@ -398,7 +388,7 @@ _RANK0 = re.compile(r"\[(\d+,)?0\]<std")   # Gloo: [0]<stdout>, Open MPI: [1,0]<
 def _launcher_cmd(launcher, script, *args):
     import os
     import sys
-    from conftest import horovodrun_path
+    from launcher import horovodrun_path
     hvdrun = horovodrun_path()
     if hvdrun is None:
         pytest.skip("horovodrun is not installed")

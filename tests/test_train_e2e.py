@@ -3,20 +3,18 @@ then the report over them. Plus the argument handling, which needs no Horovod.""
 import json
 import os
 import random
-import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from horovod_gravac import train as T
+from horovod_gravac.harness import train as T
+from horovod_gravac.harness.runlog import load_run
+from launcher import ROOT, horovodrun_cmd, horovodrun_path, run_with_timeout
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data import write_cifar10, write_cifar100   # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- no Horovod needed
@@ -65,7 +63,7 @@ def test_compressor_names_resolve_lazily():
 
 def test_kde_is_gaussian_in_log10_with_bandwidth_0_1():
     import numpy as np
-    from horovod_gravac.report import log_kde
+    from horovod_gravac.harness.report import log_kde
     grid = np.logspace(-1, 4, 4001)
     dens = log_kde([10.0] * 30 + [1000.0] * 10, grid)
     assert np.trapezoid(dens, np.log10(grid)) == pytest.approx(1.0, abs=1e-3)
@@ -75,7 +73,8 @@ def test_kde_is_gaussian_in_log10_with_bandwidth_0_1():
 
 def test_missing_dataset_is_a_clear_error_not_a_traceback(tmp_path):
     pytest.importorskip("horovod.torch")
-    proc = subprocess.run([sys.executable, "-m", "horovod_gravac.train", "--preset", "resnet101-cifar10",
+    proc = subprocess.run([sys.executable, "-m", "horovod_gravac.harness.train",
+                           "--preset", "resnet101-cifar10",
                            "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=120, cwd=str(ROOT))
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -83,28 +82,13 @@ def test_missing_dataset_is_a_clear_error_not_a_traceback(tmp_path):
 
 
 # --------------------------------------------------------------------------- 2 ranks
-def _horovodrun():
-    cand = Path(sys.executable).parent / "horovodrun"
-    return str(cand) if cand.exists() else shutil.which("horovodrun")
-
-
 def launch(out_dir, *flags, timeout=240):
-    hvdrun = _horovodrun()
-    if hvdrun is None:
-        pytest.skip("horovodrun is not installed (run scripts/setup.sh)")
-    cmd = [hvdrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "horovod_gravac.train",
-           "--out", str(out_dir), "--threads", "1", *map(str, flags)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True, cwd=str(ROOT))
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)    # horovodrun and the ranks it started
-        out, _ = proc.communicate()
-        pytest.fail(f"2-rank run timed out after {timeout}s: {' '.join(flags)}\n{out[-4000:]}")
-    assert proc.returncode == 0, f"2-rank run failed: {' '.join(map(str, flags))}\n{out[-6000:]}"
+    cmd = horovodrun_cmd(2, [sys.executable, "-m", "horovod_gravac.harness.train",
+                             "--out", out_dir, "--threads", "1", *flags])
+    rc, out = run_with_timeout(cmd, timeout, cwd=ROOT)
+    if rc is None:
+        pytest.fail(f"2-rank run timed out after {timeout}s: {' '.join(map(str, flags))}\n{out[-4000:]}")
+    assert rc == 0, f"2-rank run failed: {' '.join(map(str, flags))}\n{out[-6000:]}"
     return out
 
 
@@ -119,10 +103,9 @@ def write_text_corpus(root, n_lines=300, seed=0):
 
 
 def read_run(d):
-    d = Path(d)
-    steps = [json.loads(x) for x in (d / "steps.jsonl").read_text().splitlines()]
-    evals = [json.loads(x) for x in (d / "eval.jsonl").read_text().splitlines()]
-    return json.loads((d / "config.json").read_text()), steps, evals, json.loads((d / "summary.json").read_text())
+    run = load_run(str(d))
+    assert run.finished, f"{d}: no summary.json"
+    return run.config, run.steps, run.evals, run.summary
 
 
 RUNS = {
@@ -147,7 +130,7 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    if _horovodrun() is None:
+    if horovodrun_path() is None:
         pytest.skip("horovodrun is not installed (run scripts/setup.sh)")
     base = tmp_path_factory.mktemp("e2e")
     paths = {"cifar10": base / "cifar10", "cifar100": base / "cifar100", "ptb": base / "ptb"}
@@ -196,7 +179,7 @@ def test_controllers_show_in_the_stats(runs):
 
 
 def test_report_over_all_runs(runs, tmp_path):
-    from horovod_gravac.report import main as report_main
+    from horovod_gravac.harness.report import main as report_main
     out = tmp_path / "report"
     assert report_main([str(d) for d, _ in runs.values()] + ["--out", str(out)]) == 0
     for name in ("accuracy.png", "perplexity.png", "loss.png", "cf.png", "gain.png", "cf_kde.png",

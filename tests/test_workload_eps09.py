@@ -1,25 +1,20 @@
-"""The sparse-gradient workload of issue 4 (``--preset ngram-pydoc-chars``): the hashed
+"""The sparse-gradient workload (``--preset ngram-pydoc-chars``): the hashed
 character-context data set, the fastText-style model, the preset, why Top-k loses nothing
 on it, and one real 2-rank dense vs GraVAC (epsilon 0.9) comparison asserting the target:
 within 0.5 percentage points of dense accuracy with at least 10x fewer bytes."""
-import json
-import os
-import shutil
-import signal
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from horovod_gravac import data as gd
-from horovod_gravac import train as T
+from horovod_gravac.harness import data as gd
+from horovod_gravac.harness import train as T
 from horovod_gravac.compressors.topk import TopKCompressor
-from horovod_gravac.models import HashedNGram, build_model
+from horovod_gravac.harness.models import HashedNGram, build_model
+from horovod_gravac.harness.runlog import load_run
+from launcher import ROOT, horovodrun_cmd, run_with_timeout
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -163,28 +158,20 @@ def test_num_buckets_sets_the_hash_range_and_is_checked(capsys):
 
 # --------------------------------------------------------------------------- 2 ranks, the target
 def _launch(out_dir, *flags, timeout=420):
-    cand = Path(sys.executable).parent / "horovodrun"
-    hvdrun = str(cand) if cand.exists() else shutil.which("horovodrun")
-    if hvdrun is None:
-        pytest.skip("horovodrun is not installed (run scripts/setup.sh)")
-    cmd = [hvdrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "horovod_gravac.train",
-           "--preset", "ngram-pydoc-chars", "--seed", "42", "--threads", "1", "--out", str(out_dir), *flags]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True, cwd=str(ROOT))
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)    # horovodrun and the ranks it started
-        out, _ = proc.communicate()
+    cmd = horovodrun_cmd(2, [sys.executable, "-m", "horovod_gravac.harness.train",
+                             "--preset", "ngram-pydoc-chars", "--seed", "42", "--threads", "1",
+                             "--out", out_dir, *flags])
+    rc, out = run_with_timeout(cmd, timeout, cwd=ROOT)
+    if rc is None:
         pytest.fail(f"2-rank run timed out after {timeout}s: {' '.join(flags)}\n{out[-4000:]}")
-    assert proc.returncode == 0, f"2-rank run failed: {' '.join(flags)}\n{out[-6000:]}"
-    return json.loads((Path(out_dir) / "summary.json").read_text())
+    assert rc == 0, f"2-rank run failed: {' '.join(flags)}\n{out[-6000:]}"
+    run = load_run(str(out_dir))
+    assert run.finished, f"{out_dir}: no summary.json"
+    return run.summary
 
 
 def test_two_rank_gravac_eps09_meets_the_target(tmp_path):
-    """Issue 4: same steps and seed; GraVAC eps 0.9 within 0.5 pp of dense, >= 10x fewer bytes.
+    """Same steps and seed; GraVAC eps 0.9 within 0.5 pp of dense, >= 10x fewer bytes.
     About two minutes: two 1000-step runs of ~50-65 s each on two cores."""
     dense = _launch(tmp_path / "dense", "--controller", "dense")
     gravac = _launch(tmp_path / "gravac", "--controller", "gravac", "--epsilon", "0.9")

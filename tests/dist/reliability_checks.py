@@ -227,8 +227,8 @@ def check_mismatch_backward_passes():
 
 
 def check_mismatch_bucket_cap_mb():
-    """Issue 14 item 3: a rank-dependent bucket_cap_mb cut different buckets and used to
-    pass the start-up check (one rank then failed with an IndexError)."""
+    """A rank-dependent bucket_cap_mb cuts different buckets; it must not pass the
+    start-up check (when it did, one rank later failed with an IndexError)."""
     model = make_model()
     cap = 0.01 if RANK == 0 else 64.0   # several buckets on rank 0, one elsewhere
     _expect_failure_everywhere(lambda: hg_opt(model, controller=hg.StaticCF(10), bucket_cap_mb=cap),
@@ -375,7 +375,7 @@ def _ckpt_configs():
     return configs
 
 
-# Resume gaps in files outside issue 7 (reported): the check prints GAP while the resumed
+# Known resume gaps, in code these checks do not own: the check prints GAP while the resumed
 # run differs and fails once it is identical, so the entry gets removed then.
 KNOWN_RESUME_GAPS = {}
 
@@ -449,7 +449,7 @@ def check_ckpt_resume(root):
 
 
 def check_ckpt_rank0_load_then_broadcast():
-    """Issue 14 item 2: the Horovod habit (save on rank 0; load on rank 0; broadcast) still
+    """The Horovod habit (save on rank 0; load on rank 0; broadcast) still
     works with the checked state: hvd.broadcast_optimizer_state reads only 'state' and
     'param_groups' (every rank's wrapped optimizer has state here), and
     elastic.sync_optimizer_state serves optimizers that are still empty on other ranks."""

@@ -1,0 +1,203 @@
+"""The embedded default: short 2-rank trainings on data that ships with installed packages, and a report.
+
+    python -m horovod_gravac.harness.demo --out reports/demo
+
+Runs, one after another, each as ``horovodrun -np 2 -H localhost:2 --gloo python -m
+horovod_gravac.harness.train --preset PRESET ...`` in a subprocess with a timeout.  Two
+workloads:
+
+**digits** (``--preset digits``: a small CNN on scikit-learn's handwritten digits):
+
+1. ``dense``          dense SGD (plain allreduce), the reference;
+2. ``static-topk100`` Top-k at a fixed CF of 100 (2 % of dense floats: values + indices);
+3. ``gravac-eps0.9``  GraVAC, epsilon 0.9, theta 10..1000, Exponential policy (the paper's
+                      conservative setting);
+4. ``gravac-eps0.6``  GraVAC, epsilon 0.6, theta 25..1000, Exponential policy: tuned for this
+                      workload (see below).
+
+Why two GraVAC runs. Floats count values *and* int32 indices, so CF 10 sends 20 % of
+dense and >= 10x fewer floats needs CFs above 20 most of the time. On this tiny CNN,
+Top-k with error feedback keeps a gain (share of the squared norm) of about 0.9 at
+10x, 0.73 at 20x, 0.65 at 25x, 0.6 at 40x and 0.2 at 1000x (see ``gain.png``). With
+epsilon 0.9, GraVAC therefore trains at 10x with dense steps whenever the gain dips
+(about 4x fewer floats). epsilon 0.7 with theta_min 20 gives 9.4x, with theta_min 25
+it falls back to dense too often (5.7x); epsilon 0.6 with theta_min 25 keeps 25x
+and reaches the target. Digits is easy: every run, even static Top-k at 100x, ends
+near dense accuracy, so this run shows the mechanics, not a case where adaptivity is
+needed for accuracy.
+
+All runs use the same seed, data order and number of steps. Then it builds the report
+(:mod:`horovod_gravac.harness.report`: PNG plots, CSV/JSON) in ``--out`` and prints the summary
+table: final test accuracy, difference to dense, floats sent relative to dense, time,
+and the fraction of step time spent producing batches. Finally it checks the targets
+(GraVAC within 1 percentage point of dense accuracy with at least 10x fewer floats)
+and says which GraVAC runs meet them.
+
+**ngram-pydoc-chars** (``--preset ngram-pydoc-chars``: next-character prediction on
+CPython's own pydoc text with a fastText-style model whose gradient is sparse; see
+``benchmarks/gravac_eps09.py``):
+
+5. ``ngram-dense``          dense SGD, the reference;
+6. ``ngram-gravac-eps0.9``  GraVAC with the paper's settings (epsilon 0.9, theta 10..1000,
+                            Exponential policy, window 100): the gain stays at 1.0 up to
+                            160x, so GraVAC climbs its whole ladder at dense accuracy.
+
+Each workload gets its own report (``--out``/digits, ``--out``/ngram-pydoc-chars) and
+target checks.  Nothing is downloaded: the digits (1797 8x8 images) ship inside
+scikit-learn, the pydoc text inside CPython.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional
+
+from .runlog import is_finished
+
+_PAPER_GRAVAC = ["--controller", "gravac", "--compressor", "topk", "--epsilon", "0.9",
+                 "--policy", "exponential", "--theta-min", "10", "--theta-max", "1000"]
+# name, preset, extra flags for horovod_gravac.harness.train
+RUNS = [
+    ("dense", "digits", ["--controller", "dense"]),
+    ("static-topk100", "digits", ["--controller", "static", "--compressor", "topk", "--cf", "100"]),
+    ("gravac-eps0.9", "digits", _PAPER_GRAVAC),
+    ("gravac-eps0.6", "digits", ["--controller", "gravac", "--compressor", "topk", "--epsilon", "0.6",
+                                 "--policy", "exponential", "--theta-min", "25", "--theta-max", "1000"]),
+    ("ngram-dense", "ngram-pydoc-chars", ["--controller", "dense"]),
+    ("ngram-gravac-eps0.9", "ngram-pydoc-chars", _PAPER_GRAVAC),
+]
+ACCURACY_TOLERANCE = 0.01     # GraVAC within 1 percentage point of dense
+MIN_COMPRESSION = 10.0        # ... with at least 10x fewer floats sent
+
+
+def find_horovodrun() -> str:
+    """``horovodrun`` next to this Python (a virtual environment) or on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
+    found = shutil.which("horovodrun")
+    if not found:
+        raise SystemExit("horovodrun not found: install Horovod (scripts/setup.sh) in this environment")
+    return found
+
+
+def run_one(name: str, preset: str, flags: List[str], run_dir: str, steps: Optional[int], timeout: float,
+            np_: int, quiet: bool) -> Dict:
+    """Launch one 2-rank training; stream rank 0's progress; kill the job on timeout."""
+    cmd = [find_horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
+           sys.executable, "-m", "horovod_gravac.harness.train", "--preset", preset, "--out", run_dir] + flags
+    if steps:
+        cmd += ["--steps", str(steps)]
+    log_path = run_dir.rstrip("/") + ".log"
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    print(f"\n== {name}: {' '.join(cmd[cmd.index('-m'):])}", flush=True)
+    t0 = time.perf_counter()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, start_new_session=True)
+
+        def pump():   # copy the job's output to the log; echo rank 0's lines
+            for line in proc.stdout:
+                log.write(line)
+                if not quiet and line.startswith("[0]<stdout>:"):
+                    print("   " + line[len("[0]<stdout>:"):].rstrip(), flush=True)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGTERM)   # the job's own process group only
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        reader.join(timeout=10)
+    seconds = time.perf_counter() - t0
+    ok = proc.returncode == 0 and not timed_out and is_finished(run_dir)
+    status = "ok" if ok else ("timed out" if timed_out else f"failed (exit {proc.returncode})")
+    print(f"   {name}: {status} in {seconds:.1f}s (log {log_path})", flush=True)
+    return {"name": name, "preset": preset, "ok": ok, "status": status, "seconds": seconds, "log": log_path,
+            "dir": run_dir}
+
+
+def check_targets(rows: List[dict]) -> List[dict]:
+    """GraVAC runs vs the targets: accuracy within 1 pp of dense, >= 10x fewer floats."""
+    out = []
+    for r in rows:
+        if r.get("controller") != "gravac":
+            continue
+        diff, comp = r.get("diff_vs_dense"), r.get("compression_vs_dense")
+        acc_ok = diff is not None and diff >= -ACCURACY_TOLERANCE
+        comp_ok = comp is not None and comp >= MIN_COMPRESSION
+        out.append({"run": r["run"], "accuracy_within_1pp": acc_ok, "at_least_10x_fewer_floats": comp_ok,
+                    "diff_pp": None if diff is None else 100 * diff, "compression": comp,
+                    "meets_targets": acc_ok and comp_ok})
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m horovod_gravac.harness.demo",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.path.join("reports", "demo"), help="report directory")
+    p.add_argument("--steps", type=int, help="override the presets' training steps (see train.py)")
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds allowed per run")
+    p.add_argument("--np", type=int, default=2, help="ranks per run")
+    p.add_argument("--only", help="comma-separated subset of runs: " + ",".join(n for n, _, _ in RUNS))
+    p.add_argument("--quiet", action="store_true", help="do not stream the progress lines")
+    args = p.parse_args(argv)
+
+    t_start = time.perf_counter()
+    selected = [r for r in RUNS if not args.only or r[0] in args.only.split(",")]
+    runs_root = os.path.join(args.out, "runs")
+    results = []
+    for name, preset, flags in selected:
+        run_dir = os.path.join(runs_root, name)
+        if os.path.isdir(run_dir):
+            shutil.rmtree(run_dir)
+        results.append(run_one(name, preset, flags, run_dir, args.steps, args.timeout, args.np, args.quiet))
+    done = [r for r in results if r["ok"]]
+    if not done:
+        print("\nno run finished; see the logs above", file=sys.stderr)
+        return 1
+
+    from .report import make_report
+    summary = {"runs": results, "workloads": {}}
+    for preset in dict.fromkeys(r["preset"] for r in done):   # one report per workload, in run order
+        out = os.path.join(args.out, preset)
+        report = make_report([r["dir"] for r in done if r["preset"] == preset], out)
+        targets = check_targets(report["runs"])
+        summary["workloads"][preset] = {"table": report["runs"], "targets": targets, "plots": report["plots"],
+                                        "report": out}
+        print(f"\n## {preset}\n\n" + report["table"])
+        for t in targets:
+            print(f"target check {t['run']}: accuracy {t['diff_pp']:+.2f} pp vs dense "
+                  f"({'ok' if t['accuracy_within_1pp'] else 'MISSED'}: within 1 pp), "
+                  f"{t['compression']:.1f}x fewer floats ({'ok' if t['at_least_10x_fewer_floats'] else 'MISSED'}: >= 10x)")
+        print(f"report: {out} ({', '.join(report['plots'])})")
+    total = time.perf_counter() - t_start
+    summary["total_seconds"] = total
+    with open(os.path.join(args.out, "demo_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print("\nfloats: values and int32 indices both count (2 per kept entry); "
+          "loader %: share of step time spent producing batches")
+    failed = [r["name"] for r in results if not r["ok"]]
+    if failed:
+        print(f"runs that did not finish: {', '.join(failed)}")
+    print(f"total {total:.1f}s")
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
