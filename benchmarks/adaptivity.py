@@ -97,7 +97,7 @@ CONFIGS["gravac-ladder-geo-redsync-eps0.7"] = ("adaptive", _gravac("ladder", "ge
 # the comparison honest where it does not).
 ADAPTIVE_AT = {
     "100mbit": ["gravac-ladder-exp-topk-eps0.7", "gravac-paper-exp-topk-eps0.7",
-                "gravac-ladder-exp-topk-eps0.9", "gravac-ladder-geo-topk-eps0.9",
+                "gravac-ladder-geo-topk-eps0.9",
                 "gravac-ladder-exp-dgc-eps0.7", "gravac-ladder-geo-redsync-eps0.7"],
     "1gbit": ["gravac-ladder-exp-topk-eps0.7", "gravac-ladder-geo-topk-eps0.9",
               "gravac-paper-exp-topk-eps0.7"],

@@ -9,9 +9,9 @@ with scripted gains and timings.  The optimizer drives it:
     controller.decision                      # decision for the next step
 
 Every rank feeds its controller identical, rank-averaged observations, so every
-rank computes the same decision; the optimizer still broadcasts rank 0's decision
-(``hvd.broadcast_object``) and the others ``adopt`` it, so ranks can never call
-different collectives.
+rank computes the same decision; the optimizer still sends rank 0's decision to the
+others (``consensus.py``: five numbers in one broadcast) and they ``adopt`` it, so
+ranks can never call different collectives, even if their arithmetic differed.
 
 Decisions are made from measurements up to the previous step: that lets
 communication start from the backward hooks, as in ``hvd.DistributedOptimizer``.
@@ -85,8 +85,8 @@ class StepObservation:
 class Controller:
     """Base class. Subclasses set ``self.decision`` and may override ``observe``."""
 
-    #: True when the controller needs rank-averaged observations every step
-    #: (one small allreduce) and a broadcast decision.
+    #: True when the controller needs rank-averaged observations every step (they ride
+    #: in the last bucket's collective) and rank 0's decision each step.
     needs_consensus = False
     #: True when the optimizer must keep a running sum of raw gradients (Accordion).
     needs_accumulation = False
