@@ -276,9 +276,16 @@ def goals(rows: List[dict], paths: List[dict], shares: Dict[Tuple[str, str], Opt
             out.append({"goal": "1.5x faster than static Top-k 10x where comm >= half its step", "workload": w,
                         "rate": rate, "measured": f"{fmt(s)}x (comm {100 * share:.0f} % of a 10x step)",
                         "pass": s is not None and s >= 1.5})
+        acc = by.get((w, rate, "accordion-topk"))
         s = g["speedup_vs_accordion"]
-        out.append({"goal": "never slower than Accordion", "workload": w, "rate": rate,
-                    "measured": f"{fmt(s)}x Accordion's time", "pass": s is not None and s >= 1.0})
+        if acc is not None and acc["tta_s"] is None:   # Accordion never reached the target
+            out.append({"goal": "never slower than Accordion", "workload": w, "rate": rate,
+                        "measured": f"Accordion never within tolerance (final {fmt(acc['final'])}); "
+                                    f"GraVAC {'reached it' if g['tta_s'] else 'neither'}",
+                        "pass": g["tta_s"] is not None})
+        else:
+            out.append({"goal": "never slower than Accordion", "workload": w, "rate": rate,
+                        "measured": f"{fmt(s)}x Accordion's time", "pass": s is not None and s >= 1.0})
         s = g["vs_best_static"]
         out.append({"goal": "within 10 % of the best static CF in hindsight", "workload": w, "rate": rate,
                     "measured": f"{fmt(s)}x {g['best_static']}'s time", "pass": s is not None and s >= 1 / 1.1})
@@ -295,6 +302,8 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
         return []
     made = []
     keys = sorted(all_runs)
+    palette = plt.get_cmap("tab20").colors
+    color = {name: palette[i % len(palette)] for i, name in enumerate(CONFIGS)}   # one per config
     adaptive = lambda runs: [n for n in runs if CONFIGS.get(n, ("",))[0] == "adaptive"]   # noqa: E731
 
     fig, axes = plt.subplots(len(keys), 1, figsize=(11, 2.6 * len(keys)), squeeze=False)
@@ -303,7 +312,7 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
             r = all_runs[key].get(name)
             if r:
                 ax.step([s["step"] for s in r["steps"]], [float(s.get("cf") or 1) for s in r["steps"]],
-                        where="post", label=name, lw=1)
+                        where="post", label=name, lw=1, color=color[name])
         ax.set_yscale("log")
         ax.set_ylabel("CF sent")
         ax.set_title(f"{key[0]} at {key[1]}", fontsize=9)
@@ -320,13 +329,13 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
             hist = all_runs[key][name]["summary"].get("controller_history") or []
             pts = [(h["step"], h["evaluated_cf"], h["gain_candidate"]) for h in hist if h.get("gain_candidate") is not None]
             if pts:
-                ax_g.scatter([p[1] for p in pts], [p[2] for p in pts], s=8, label=name)
+                ax_g.scatter([p[1] for p in pts], [p[2] for p in pts], s=8, label=name, color=color[name])
             for h in hist[-1:]:
                 table = h.get("compression_throughput") or {}
                 if table:
                     cfs = sorted(float(c) for c in table)
                     ax_t.plot(cfs, [table.get(c, table.get(str(c), table.get(f"{c:g}"))) for c in cfs], "o-",
-                              ms=3, lw=1, label=name)
+                              ms=3, lw=1, label=name, color=color[name])
         ax_g.set_xscale("log")
         ax_g.set_ylabel("gain at window check")
         ax_g.set_title(f"{key[0]} at {key[1]}: gain per CF", fontsize=9)
@@ -373,8 +382,7 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
                 xs = [t[e["step"] - 1] for e in r["evals"]]
             else:
                 xs = [e["step"] * scale for e in r["evals"]]
-            ax.plot(xs, score(r["evals"], metric), lw=1, label=name)
-        first = next(iter(by.values()))
+            ax.plot(xs, score(r["evals"], metric), lw=1, label=name, color=color[name])
         ax.axhline(next(r["target"] for r in rows if r["workload"] == key[0]), color="k", ls=":", lw=1)
         ax.set_ylabel(metric)
         if metric == "perplexity":
