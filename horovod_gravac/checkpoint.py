@@ -73,11 +73,58 @@ def optimizer_meta(optimizer, rank: int) -> dict:
     """``meta`` for a ``horovod_gravac.DistributedOptimizer`` on ``rank``: its controller's
     settings, its compressor (repr at CF 10, as in the start-up check), its world size and
     its trainable parameters (name, shape, dtype) in the optimizer's order."""
-    names = {id(p): n for b in optimizer._buckets for n, p in zip(b.names, b.params)}
+    names = {id(p): n for n, p in optimizer.bucketed_parameters()}
     layout = [(names[id(p)], tuple(p.shape), str(p.dtype))
               for g in optimizer.param_groups for p in g["params"] if id(p) in names]
-    return describe(optimizer._controller.config(), repr(optimizer._compressor_factory(10.0)),
-                    optimizer._world, rank, layout)
+    return describe(optimizer.controller.config(), repr(optimizer.new_compressor(10.0)),
+                    optimizer.world_size, rank, layout)
+
+
+def gravac_state(controller, step: int, memory, interval, warm, buckets, meta: dict) -> dict:
+    """``optimizer.gravac_state_dict()``: the controller's state, the step index and this
+    rank's buffers (by parameter name) with their checksums and ``meta``."""
+    residuals = memory.state_dict(buckets)
+    accumulated = interval.state_dict(buckets)
+    return {"controller": controller.state_dict(), "residuals": residuals["residuals"],
+            "velocities": residuals["velocities"], "accumulated": accumulated,
+            "step": step,
+            "lowrank_q": warm.state_dict(),
+            "residual_crc32": residual_checksums(residuals["residuals"]),
+            "velocity_crc32": residual_checksums(residuals["velocities"]),
+            "accumulated_crc32": residual_checksums(accumulated),
+            "meta": meta}
+
+
+def load_controller_state(state: dict, meta: dict, controller) -> int:
+    """Check ``state`` against ``meta`` (the loading optimizer's), load the controller's
+    part (left as it was if that fails) and return the step index to resume at."""
+    if not isinstance(state, dict) or "residuals" not in state or "step" not in state:
+        raise CheckpointError(
+            f"horovod_gravac: not a GraVAC optimizer state (keys: "
+            f"{sorted(state) if isinstance(state, dict) else type(state).__name__})")
+    check_compatible(state.get("meta"), meta)
+    verify_residuals(state)
+    if state["controller"] is not None:   # None: retarget(controller=True), keep ours
+        fresh = copy.deepcopy(controller.state_dict())
+        try:
+            controller.load_state_dict(state["controller"])
+        except (KeyError, TypeError, ValueError) as exc:
+            controller.load_state_dict(fresh)
+            raise CheckpointError(
+                f"horovod_gravac: the checkpoint's controller state does not fit "
+                f"{controller!r} ({type(exc).__name__}: {exc}); it was written for another "
+                f"controller. horovod_gravac.checkpoint.retarget(state, controller=True) keeps "
+                f"this optimizer's own controller instead") from exc
+    return int(state["step"])
+
+
+def load_rank_buffers(state: dict, memory, interval, warm, buckets) -> None:
+    """This rank's buffers from ``state``; each part loads its own, and states written
+    before velocities and interval sums were saved leave those as they are."""
+    warm.load_state_dict(state.get("lowrank_q", {}))
+    memory.load_state_dict(state, buckets)
+    if "accumulated" in state:
+        interval.load_state_dict(state["accumulated"], buckets)
 
 
 def crc32(tensor: torch.Tensor) -> int:

@@ -30,7 +30,7 @@ import warnings
 import torch
 
 from . import comm
-from .controllers import Controller, Decision, StepObservation
+from .controllers import Controller, Decision, Dense, StepObservation
 from .wire import N_STATS, StepStats  # noqa: F401  (N_STATS: part of this module's API)
 # Keys of ``optimizer.stats`` filled in by the exchange (None until it completes).
 CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compression_throughput", "next_cf")
@@ -183,3 +183,43 @@ class JoinSafeExchange(_Exchange):
                 ctrl.observe(observation(step_stats, buf[0].item() / max(active, 1.0), world_, at_boundary))
             self._fill_stats(stats)
         return step_index
+
+
+def make_exchange(controller: Controller, prefix: str, timeout: float, process_set, join_safe: bool,
+                  shared_seed: bool):
+    """How an optimizer's ranks agree on each step (None: they need not): rank 0's
+    decision broadcast for adaptive controllers, or in join_safe mode an allreduce that
+    also aligns the step index (shared-seed compressors)."""
+    if join_safe and (controller.needs_consensus or shared_seed):
+        return JoinSafeExchange(controller, f"{prefix}.decision", timeout, process_set)
+    if controller.needs_consensus:
+        return DecisionExchange(controller, f"{prefix}.decision", timeout, process_set)
+    return None
+
+
+def sync_first_step(exchange, controller: Controller, step_index: int, name: str, link, join_safe: bool,
+                    shared_seed: bool) -> int:
+    """Before an optimizer's first bucket: rank 0's controller state and step index (or
+    only its step index, which seeds shared-seed draws) on every rank; returns the index."""
+    if link.world > 1 and exchange is not None and not join_safe:
+        return exchange.sync_state(step_index, name)
+    if link.world > 1 and shared_seed and not isinstance(controller, Dense):
+        return sync_step_index(step_index, name, link.timeout, link.process_set)
+    return step_index
+
+
+def observe_step(exchange, controller: Controller, step_stats, step_time: float, world: int,
+                 at_boundary: bool, skipped: bool, stats: dict, wait: bool) -> None:
+    """Feed the finished step to the controller: through rank 0's decision (adaptive
+    controllers), or directly (static ones; a skipped step is not fed)."""
+    if exchange is not None and controller.needs_consensus:
+        # No statistics arrived (no bucket, or the carrier changed mid-step because a
+        # gradient turned out sparse): the step is not observed, on every rank alike.
+        observed = not skipped and step_stats is not None
+        stats.update(dict.fromkeys(CONSENSUS_STATS))   # filled in by the exchange
+        exchange.start(step_stats if step_stats is not None else StepStats(), step_time, world, at_boundary,
+                       observe=observed, stats=stats)
+        if wait:
+            exchange.finish()
+    elif not skipped:
+        controller.observe(StepObservation(0.0, 0.0, 0.0, step_time))

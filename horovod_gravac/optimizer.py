@@ -8,7 +8,8 @@ starts from backward hooks, ``synchronize()`` / ``skip_synchronize()``,
 wrapped optimizer (``isinstance(opt, torch.optim.SGD)`` still holds), and
 ``hvd.broadcast_optimizer_state`` initialising state without a distributed step.
 
-What it adds, per bucket of gradients and step (see ``controllers.py`` for who decides):
+What it adds, per bucket of gradients and step (``encoder.py`` does steps 1-3 and 5;
+see ``controllers.py`` for who decides):
 
 1. g_ef = g + residual                        (error feedback, ``error_feedback.py``)
 2. g_min = C(g_ef, theta_min)                 (first level)
@@ -59,15 +60,16 @@ import torch
 
 import horovod.torch as hvd
 
-from . import comm
-from .compressors.base import FLOAT_DTYPES, GradientCompressor, SparsePayload, check_cf
+from . import checkpoint, comm
+from .accounting import StepRecord
+from .compressors.base import FLOAT_DTYPES, GradientCompressor, check_cf
 from .compressors.topk import TopKCompressor
-from .consensus import CONSENSUS_STATS, DecisionExchange, JoinSafeExchange, sync_step_index
-from .controllers import DENSE, Controller, Decision, Dense, StaticCF, StepObservation
+from .consensus import make_exchange, observe_step, sync_first_step
+from .controllers import Controller, Dense, StaticCF
+from .encoder import BucketEncoder, finite_tensor
 from .error_feedback import ErrorFeedback, IntervalSum
-from .transfers import (DenseAllreduce, LowRankTransfer, Link, SharedIndexAllreduce, SlottedSparse,
-                        SparseAllgather, Transfer, WarmStarts)
-from .wire import StepStats
+from .sparse import SparseGradients
+from .transfers import Link, Transfer, WarmStarts
 
 # Horovod's ``broadcast_optimizer_state`` calls the *base* optimizer's ``step()`` (to
 # create momentum buffers etc. without any communication) only for optimizers whose
@@ -75,7 +77,6 @@ from .wire import StepStats
 # which here would run a whole distributed step on zero gradients.  Our wrapper
 # classes claim that module so Horovod treats them exactly like its own.
 _HOROVOD_OPTIMIZER_MODULE = hvd.DistributedOptimizer.__module__
-_FP32_MAX = torch.finfo(torch.float32).max
 NONFINITE_POLICIES = ("propagate", "zero")
 
 
@@ -111,6 +112,21 @@ class _Bucket:
         self.transfer: Optional[Transfer] = None   # this step's collective(s); None: not launched
         self.update_residual = False    # the residual was formed this step
         self.parked: List[Tuple[int, int, torch.Tensor]] = []   # frozen params' residual slices
+
+    def hooks_to_wait_for(self, hooked: set) -> int:
+        """Hooks that fire for the bucket this step: its parameters that need a gradient
+        and have a hook (a parameter unfrozen since the last step has none yet)."""
+        return sum(1 for p in self.params if p.requires_grad and id(p) in hooked)
+
+    def write_grads(self, aggregated: torch.Tensor) -> None:
+        """The combined gradient (flat float32) into each parameter's ``grad``."""
+        for p, (s, e) in zip(self.params, self.offsets):
+            if not p.requires_grad:
+                continue   # frozen: its gradient (None, or the user's) is left alone
+            if p.grad.is_sparse:   # sparse_as_dense: back to sparse, as Horovod does
+                p.grad.zero_().add_(aggregated[s:e].view(p.shape).to(p.grad.dtype).to_sparse())
+            else:
+                p.grad.copy_(aggregated[s:e].view_as(p.grad))
 
     @property
     def handle(self):
@@ -172,26 +188,16 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._join_safe = opts["join_safe"]
         self.sparse_as_dense = opts["sparse_as_dense"] or self._join_safe
         self.process_set = opts["process_set"]
-        self._wire = opts["compression"]          # Horovod compressor of dense allreduces
-        self._nonfinite_policy = opts["nonfinite"]
         self._grad_scaler = opts["grad_scaler"]
         self._bucket_cap_bytes = int(opts["bucket_cap_mb"] * 2 ** 20)
-        self._compressor_factory = _compressor_factory(opts["compressor"])
-        self._compressors: Dict[float, GradientCompressor] = {}
+        factory = _compressor_factory(opts["compressor"])
         self._included = bool(self.process_set.included())
 
         named_all = _named_list(named_parameters)
         self._names = {id(p): n for n, p in named_all}
-        named = _named_parameters(self.param_groups, named_all if named_parameters is not None else None)
-        _check_float(named)
-        # Every floating-point parameter gets a bucket, frozen ones too: unfreezing later
-        # must not leave a parameter out of the exchange (ranks would diverge).
-        floats = [(n, p) for n, p in named if p.dtype in FLOAT_DTYPES]
-        groups = opts["groups"]
-        if groups is None:
-            self._buckets = _make_buckets(floats, self._bucket_cap_bytes)
-        else:
-            self._buckets = _grouped_buckets(floats, groups, self._bucket_cap_bytes)
+        floats = _floats(_named_parameters(self.param_groups, named_all if named_parameters is not None else None))
+        self._buckets = _make_buckets(floats, self._bucket_cap_bytes) if opts["groups"] is None \
+            else _grouped_buckets(floats, opts["groups"], self._bucket_cap_bytes)
         # The bucket whose collective also carries the step's statistics (adaptive controllers).
         self._carrier = self._buckets[-1] if self._buckets else None
         self._prefix = _collective_prefix()
@@ -201,27 +207,21 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._interval = IntervalSum()   # Accordion's running sum over the interval
         self.local_clip_norm = opts["local_clip_norm"]
         self._warm = WarmStarts()   # PowerSGD's Q per (parameter, rank)
-        self._sparse: Dict[torch.nn.Parameter, dict] = {}  # params whose gradients are sparse
-        sample_compressor = self._compressor_factory(10.0)   # for type checks and the start-up check
+        sample_compressor = _sample_compressor(factory, controller)   # for checks
         self._shared_seed = sample_compressor.step_seeded
-        if sample_compressor.low_rank and controller.needs_consensus \
-                and not controller.needs_accumulation:
-            raise ValueError("controller GraVAC needs a sparsifying compressor (multi-level "
-                             "compression); use PowerSGD with Dense, StaticCF or Accordion")
         self._link = Link(self.process_set, self.op, self.op == hvd.Average, self.gradient_predivide_factor,
                           comm.group_size(self.process_set) if self._included else 1, self._timeout)
+        self._sparse = SparseGradients(self._link, self._prefix)   # params whose gradients are sparse
+        self._encoder = BucketEncoder(
+            controller=controller, memory=self._memory, interval=self._interval, warm=self._warm,
+            link=self._link, wire=opts["compression"], compressor_factory=factory, prefix=self._prefix,
+            nonfinite=opts["nonfinite"], grad_scaler=self._grad_scaler,
+            local_clip_norm=self.local_clip_norm, join_safe=self._join_safe)
         if hasattr(controller, "set_world_size"):
-            controller.set_world_size(self._world)
-        # How ranks agree on each step: rank 0's decision broadcast (adaptive controllers),
-        # or in join_safe mode an allreduce that also aligns the step index (shared seeds).
-        self._exchange = None
-        if self._join_safe and (controller.needs_consensus or self._shared_seed):
-            self._exchange = JoinSafeExchange(controller, f"{self._prefix}.decision", self._timeout,
-                                              self.process_set)
-        elif controller.needs_consensus:
-            self._exchange = DecisionExchange(controller, f"{self._prefix}.decision", self._timeout,
-                                              self.process_set)
-        if opts["check_consistency"] and self._included and self._world > 1:
+            controller.set_world_size(self.world_size)
+        self._exchange = make_exchange(controller, self._prefix, self._timeout, self.process_set,
+                                       self._join_safe, self._shared_seed)
+        if opts["check_consistency"] and self._included and self.world_size > 1:
             _check_consistency(self, floats, sample_compressor)
 
         self._synchronized = False
@@ -230,7 +230,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._state_synced = False   # rank 0's controller state is taken before the first bucket
         self._step_start: Optional[float] = None
         self._scale = 1.0            # the loss scale of the step's gradients (grad_scaler)
-        self._reset_step_counters()
+        self._record = StepRecord()  # what this step has done so far
         self._stats: Dict[str, float] = {}
         self._hooks: List[object] = []   # hook handles; _hooked: the ids of their parameters
         self._hooked: set = set()
@@ -253,11 +253,10 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if "_buckets" not in self.__dict__:   # called by the base __init__: set up there
             return
         index = len(self.param_groups) - 1
-        named = [(self._names.get(id(p), f"param.{index}.{j}"), p)
-                 for j, p in enumerate(self.param_groups[-1]["params"])]
-        _check_float(named)
-        floats = [(n, p) for n, p in named if p.dtype in FLOAT_DTYPES]
-        new = _make_buckets(floats, self._bucket_cap_bytes, first_index=self._next_bucket_index())
+        floats = _floats([(self._names.get(id(p), f"param.{index}.{j}"), p)
+                          for j, p in enumerate(self.param_groups[-1]["params"])])
+        first = 1 + max((b.index for b in self._buckets), default=-1)
+        new = _make_buckets(floats, self._bucket_cap_bytes, first_index=first)
         self._buckets = new + self._buckets   # launched early; the carrier stays last
         for b in new:
             for p in b.params:
@@ -266,16 +265,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if self._included:
             self._register_hooks()
 
-    def _next_bucket_index(self) -> int:
-        return 1 + max((b.index for b in self._buckets), default=-1)
-
-    # -- compressors ---------------------------------------------------------------------
-    def _compressor(self, cf: float) -> GradientCompressor:
-        comp = self._compressors.get(cf)
-        if comp is None:
-            comp = self._compressors[cf] = self._compressor_factory(cf)
-        return comp
-
     # -- hooks ---------------------------------------------------------------------------
     def _make_hook(self, p):
         def hook(param):
@@ -283,12 +272,14 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before "
                     "call to step(). Increase backward_passes_per_step to accumulate gradients locally.")
-            if not self._step_open:
+            if not self._record.open:
                 self._begin_step()
             self._delay[p] -= 1
             if self._delay[p] == 0:
                 if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
-                    self._launch_sparse(p)
+                    if p not in self._sparse:   # its first sparse gradient: it leaves its bucket
+                        self._sparse.add(p, self._detach_sparse(p))
+                    self._sparse.launch(p, self._record)
                     return
                 bucket = self._bucket_of[p]
                 bucket.ready += 1
@@ -299,257 +290,60 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def _begin_step(self) -> None:
         """First hook (or ``synchronize``) of a step: collect the decision, take rank 0's
         state once, and count which hooks this step's buckets wait for."""
-        self._step_open = True
+        self._record.open = True
         if self._step_start is None:
             self._step_start = time.perf_counter()
         if self._join_safe and self._exchange is not None:
-            self._step_index = self._exchange.begin_step(self._step_index, self._world)
+            self._step_index = self._exchange.begin_step(self._step_index, self.world_size)
         elif self._exchange is not None:
             self._exchange.finish()   # the previous step's broadcast decides this step
         if not self._state_synced:
             self._state_synced = True
-            if self._world > 1 and self._exchange is not None and not self._join_safe:
-                self._step_index = self._exchange.sync_state(self._step_index, f"{self._prefix}.state")
-            elif self._world > 1 and self._shared_seed and not isinstance(self._controller, Dense):
-                self._step_index = sync_step_index(self._step_index, f"{self._prefix}.state",
-                                                   self._timeout, self.process_set)
+            self._step_index = sync_first_step(self._exchange, self._controller, self._step_index,
+                                               f"{self._prefix}.state", self._link, self._join_safe,
+                                               self._shared_seed)
         scaler = self._grad_scaler
         self._scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
         for b in self._buckets:
-            b.expected = self._hooks_to_wait_for(b)
+            b.expected = b.hooks_to_wait_for(self._hooked)
 
-    def _hooks_to_wait_for(self, bucket) -> int:
-        """Hooks that fire for the bucket this step: its parameters that need a gradient
-        and have a hook (a parameter unfrozen since the last step has none yet)."""
-        return sum(1 for p in bucket.params if p.requires_grad and id(p) in self._hooked)
-
-    def _reset_step_counters(self):
-        self._norms = torch.zeros(3, dtype=torch.float64)   # ||g_ef||^2, ||g_min||^2, ||g_c||^2
-        self._grad_sq = 0.0
-        self._compress_time = 0.0
-        self._bytes_sent = 0
-        self._floats_sent = 0
-        self._nonfinite = 0
-        self._quality: List[float] = []
-        self._launched = 0                 # buckets launched this step
-        self._control_bytes = 0            # statistics carried for the controller
-        self._step_stats: Optional[StepStats] = None     # rank-averaged, from the carrier bucket
-        self._at_boundary = False          # Accordion: this step ends an interval
-        self._step_open = False            # a hook of this step has run
-
-    # -- sparse gradients (nn.Embedding(sparse=True)) --------------------------------------
-    def _launch_sparse(self, p) -> None:
-        """Send a sparse gradient as Horovod does: allgather its indices and values."""
-        info = self._sparse.get(p)
-        if info is None:   # first sparse gradient of p: it leaves its bucket for good
-            info = self._sparse[p] = self._detach_sparse(p)
-        grad = p.grad   # not coalesced, as Horovod: the same sums in the same order
-        name = f"{self._prefix}.sparse.{info['name']}"
-        info["handles"] = (
-            comm.allgather_async(grad._indices().transpose(0, 1).contiguous(), name + ".indices", self.process_set),
-            comm.allgather_async(grad._values(), name + ".values", self.process_set))
-        if info["empty"] is None:   # what to send on a step without a gradient here
-            info["empty"] = torch.sparse_coo_tensor(grad._indices()[:, :0], grad._values()[:0], grad.size())
-        self._bytes_sent += grad._values().numel() * grad._values().element_size() \
-            + grad._indices().numel() * 8
-        self._floats_sent += grad._values().numel()
-
-    def _detach_sparse(self, p) -> dict:
+    def _detach_sparse(self, p) -> str:
+        """Take ``p`` out of its bucket (its gradient turned out sparse); returns its name."""
         bucket = self._bucket_of.pop(p)
         name = bucket.names[[i for i, q in enumerate(bucket.params) if q is p][0]]
         start, end = bucket.remove(p)
         self._memory.drop(bucket.index, start, end)   # the other parameters keep their residuals
         self._interval.drop(bucket.index)
-        bucket.expected = self._hooks_to_wait_for(bucket)
+        bucket.expected = bucket.hooks_to_wait_for(self._hooked)
         if not bucket.params:
             self._buckets.remove(bucket)
             if self._carrier is bucket:
                 self._carrier = self._buckets[-1] if self._buckets else None
         elif bucket.ready >= bucket.expected and bucket.transfer is None and bucket.ready > 0:
             self._launch(bucket)
-        return {"name": name, "handles": None, "empty": None}
-
-    def _finish_sparse(self, p, info) -> None:
-        if info["handles"] is None:   # no gradient here this step: send an empty one
-            if info["empty"] is None:
-                return
-            p.grad = info["empty"].clone()
-            self._launch_sparse(p)
-        h_idx, h_val = info["handles"]
-        name = f"{self._prefix}.sparse.{info['name']}"
-        values = comm.wait(h_val, name + ".values", self._timeout)
-        indices = comm.wait(h_idx, name + ".indices", self._timeout)
-        values = values / self._world if self.op == hvd.Average else values
-        grad = p.grad
-        aggregated = grad.new(indices.transpose(0, 1), values, grad.size()) \
-            if indices.dim() and values.dim() else grad.new().resize_as_(grad)
-        p.grad.zero_().add_(aggregated)
-        info["handles"] = None
+        return name
 
     # -- launching a bucket ----------------------------------------------------------------
-    def _bucket_grads(self, bucket) -> List[Optional[torch.Tensor]]:
-        """This step's gradient of each parameter of the bucket; None for a frozen one
-        (``requires_grad`` False: it takes no part, its residual waits)."""
-        grads = []
-        for p in bucket.params:
-            if not p.requires_grad:
-                grads.append(None)
-                continue
-            if p.grad is None:   # unused this step here, maybe used on another rank
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad.to_dense() if p.grad.is_sparse else p.grad)
-        return grads
-
     def _launch(self, bucket: _Bucket) -> None:
-        """Error feedback, compression and the start of this bucket's collective."""
+        """Encode the bucket's gradient (``encoder.py``) and start its collective, unless
+        it carries the step's statistics: those are complete only once every bucket is
+        encoded, so the last bucket to launch starts the carrier's."""
         t0 = time.perf_counter()
-        if not self._step_open:
+        if not self._record.open:
             self._begin_step()
-        decision = self._controller.decision
-        grads = self._bucket_grads(bucket)
-        grad_sq = _squared_norm([g for g in grads if g is not None])   # NaN/Inf if not sendable
-        finite = math.isfinite(grad_sq)
-        scale = self._scale
-        if finite and self.local_clip_norm is not None:
-            # DGC's local clipping: each rank clips to clip_norm / sqrt(N), per bucket
-            # (the whole-model norm is not known while buckets are still arriving).
-            limit = self.local_clip_norm / self._world ** 0.5 * scale
-            if grad_sq > limit * limit:
-                factor = limit / grad_sq ** 0.5
-                for g in grads:
-                    if g is not None:
-                        g.mul_(factor)
-                grad_sq = limit * limit
-        g_ef = None
-        if finite:
-            if self._grad_scaler is not None:
-                self._memory.snapshot(bucket.index)
-            g_ef = self._memory.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale)
-            if self._grad_scaler is not None and not _finite(g_ef):
-                # residual * scale + g overflowed float32: drop this step's residual change
-                self._memory.restore(bucket.index)
-                g_ef, finite = None, False
-        if finite:
-            self._grad_sq += grad_sq
-            if self._controller.needs_accumulation:   # Accordion's interval sum, unscaled
-                self._interval.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale,
-                                   backup=self._grad_scaler is not None)
-            self._park_frozen(bucket, g_ef)
-            bucket.update_residual = True
-            self._compress_and_start(bucket, g_ef, decision, measure=True)
-        else:
-            self._nonfinite += 1
-            self._start_nonfinite(bucket, grads, decision)
-        self._launched += 1
+        record = self._record
+        # The carrier can change mid-step (a gradient turned out sparse): decided here.
+        with_stats = bucket is self._carrier and self._controller.needs_consensus
+        bucket.transfer = self._encoder.encode(bucket, self._controller.decision, record, scale=self._scale,
+                                               step_index=self._step_index, with_stats=with_stats)
+        if not with_stats:
+            bucket.transfer.start()
+        record.launched += 1
         carrier = self._carrier
-        if self._launched == len(self._buckets) and carrier is not None and carrier.transfer is not None \
+        if record.launched == len(self._buckets) and carrier is not None and carrier.transfer is not None \
                 and not carrier.transfer.started:
-            carrier.transfer.start(self._local_stats().to_tensor())
-        self._compress_time += time.perf_counter() - t0
-
-    def _park_frozen(self, bucket, g_ef) -> None:
-        """A frozen parameter's residual is neither sent nor lost: set aside for the step."""
-        for p, (s, e) in zip(bucket.params, bucket.offsets):
-            if not p.requires_grad:
-                bucket.parked.append((s, e, g_ef[s:e].clone()))
-                g_ef[s:e].zero_()
-
-    def _start_nonfinite(self, bucket, grads, decision) -> None:
-        """This rank's bucket holds NaN/Inf (or does not fit float32).  ``propagate``:
-        send it so every rank receives a non-finite bucket (as plain Horovod does);
-        ``zero``: contribute zeros through the very same collective."""
-        zeros = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
-        if self._nonfinite_policy == "zero":
-            self._compress_and_start(bucket, zeros, decision, measure=False)
-            return
-        if decision.candidate_cf == DENSE or decision.send_cf == DENSE:
-            flat = zeros
-            for g, (s, e) in zip(grads, bucket.offsets):
-                if g is not None:
-                    flat[s:e].copy_(g.reshape(-1))   # float64 beyond float32's range -> inf
-            if _finite(flat):   # the overflow was in residual * scale + g: signal it
-                flat[0] = float("nan")
-            self._send(bucket, DenseAllreduce(self._link, self._bucket_name(bucket), flat,
-                                              self._carries_stats(bucket), self._wire))
-            return
-        self._compress_and_start(bucket, zeros, decision, measure=False, poison=True)
-
-    def _send(self, bucket, transfer: Transfer) -> None:
-        """Start the bucket's collective, unless it carries the step's statistics (an
-        adaptive controller's carrier bucket): those are complete only once every bucket
-        is compressed, so ``_launch`` starts it then."""
-        bucket.transfer = transfer
-        if not transfer.with_stats:
-            transfer.start()
-
-    def _carries_stats(self, bucket) -> bool:
-        """Decided when the bucket launches (the carrier can change mid-step when a
-        gradient turns out sparse) and kept in ``bucket.with_stats`` until it is read."""
-        return bucket is self._carrier and self._controller.needs_consensus
-
-    def _local_stats(self) -> StepStats:
-        """This rank's statistics of the step, sent with the carrier bucket: squared norms
-        of g_ef, g_min and g_c, of the raw gradient, Accordion's interval sum (at an
-        interval's end, else 0) and whether any bucket was NaN/Inf (all unscaled)."""
-        ctrl = self._controller
-        interval = getattr(ctrl, "interval", None)
-        self._at_boundary = interval is not None and (ctrl.step + 1) % interval == 0
-        acc_sq = 0.0
-        if self._at_boundary:   # Accordion: the interval's gradient sum, then start a new sum
-            acc_sq = self._interval.take_squared_norm(self._buckets)
-        s2 = self._scale * self._scale
-        n = self._norms
-        return StepStats(ef_sq=float(n[0]) / s2, min_sq=float(n[1]) / s2, candidate_sq=float(n[2]) / s2,
-                         grad_sq=self._grad_sq / s2, accumulated_sq=acc_sq,
-                         nonfinite=float(self._nonfinite > 0))
-
-    def _compress_and_start(self, bucket, g_ef, decision: Decision, measure: bool, poison: bool = False) -> None:
-        name, with_stats = self._bucket_name(bucket), self._carries_stats(bucket)
-        if decision.candidate_cf == DENSE:   # nothing to compress or measure: plain allreduce
-            self._send(bucket, DenseAllreduce(self._link, name, g_ef, with_stats, self._wire))
-            return
-        # theta_min == 1 keeps everything: the candidate then comes from g_ef directly.
-        comp_min = self._compressor(decision.theta_min if decision.theta_min > DENSE else decision.candidate_cf)
-        if comp_min.low_rank:
-            if poison:
-                g_ef = torch.full_like(g_ef, float("nan"))
-            self._send(bucket, LowRankTransfer(self._link, name, bucket, g_ef, comp_min, self._warm,
-                                               bucket.update_residual, with_stats))
-            return
-        comp_min.set_step(self._step_index, bucket.index)   # shared-seed draws: per (step, bucket)
-        payload_min, ctx = comp_min.compress(g_ef)
-        payload_c = payload_min
-        if decision.theta_min == DENSE:
-            payload_min = None
-        elif decision.candidate_cf > decision.theta_min:   # multi-level: from g_min, not g_ef
-            payload_c = comp_min.compress_further(payload_min, ctx, decision.candidate_cf / decision.theta_min)
-        if self._controller.needs_consensus and measure:
-            ef_sq = _sq(g_ef)
-            min_sq = ef_sq if payload_min is None else _sq(payload_min.values)
-            c_sq = min_sq if payload_c is payload_min else _sq(payload_c.values)
-            self._norms += torch.stack([ef_sq, min_sq, c_sq]).double().cpu()
-        if comp_min.last_quality is not None and measure:
-            self._quality.append(float(comp_min.last_quality))
-        if decision.send_cf == DENSE:
-            if poison:
-                g_ef[0] = float("nan")
-            self._send(bucket, DenseAllreduce(self._link, name, g_ef, with_stats, self._wire))
-            return
-        payload = payload_c if decision.send_cf == decision.candidate_cf else payload_min
-        if poison:   # every rank's sum must come out non-finite
-            payload = _poisoned(payload, comp_min.shared_indices, bucket.device)
-        args = (self._link, name, payload, bucket.numel, bucket.device, with_stats)
-        if comp_min.shared_indices:
-            # The step index rides along (checked on arrival) unless join_safe's exchange aligns it.
-            transfer = SharedIndexAllreduce(*args, None if self._join_safe else self._step_index)
-        elif self._join_safe:
-            transfer = SlottedSparse(*args, decision.send_cf)
-        else:
-            transfer = SparseAllgather(*args)
-        self._send(bucket, transfer)
-
-    def _bucket_name(self, bucket) -> str:
-        return f"{self._prefix}.bucket.{bucket.index}"
+            carrier.transfer.start(self._encoder.local_stats(record, self._buckets, self._scale).to_tensor())
+        record.compress_time += time.perf_counter() - t0
 
     # -- synchronize -------------------------------------------------------------------------
     def synchronize(self):
@@ -557,7 +351,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if not self._included:   # not in this optimizer's process set: nothing to exchange
             self._synchronized = True
             return
-        if not self._step_open:
+        if not self._record.open:
             self._begin_step()
         for bucket in list(self._buckets):   # buckets whose hooks did not all fire (unused params)
             if bucket.transfer is None:
@@ -567,90 +361,40 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             bucket.transfer.advance()
         aggregates = []
         for bucket in self._buckets:
-            aggregated = self._finish_transfer(bucket.transfer)
+            aggregated = bucket.transfer.finish()   # flat float32
+            self._record.add_transfer(bucket.transfer)
             aggregates.append(aggregated)
-            for p, (s, e) in zip(bucket.params, bucket.offsets):
-                if not p.requires_grad:
-                    continue   # frozen: its gradient (None, or the user's) is left alone
-                if p.grad.is_sparse:   # sparse_as_dense: back to sparse, as Horovod does
-                    p.grad.zero_().add_(aggregated[s:e].view(p.shape).to(p.grad.dtype).to_sparse())
-                else:
-                    p.grad.copy_(aggregated[s:e].view_as(p.grad))
-        for p, info in self._sparse.items():
+            bucket.write_grads(aggregated)
+        for p in self._sparse:
             if p.requires_grad:
-                self._finish_sparse(p, info)
+                self._sparse.finish(p, self._record)
                 aggregates.append(p.grad._values())
         # With a loss scaler, a step that is non-finite anywhere is skipped by every rank:
         # leave every piece of state as if it had not happened.
-        skipped = self._grad_scaler is not None and not all(_finite(a) for a in aggregates)
+        skipped = self._grad_scaler is not None and not all(finite_tensor(a) for a in aggregates)
         for bucket in self._buckets:
-            self._commit_residual(bucket, rollback=skipped)
+            self._encoder.commit_residual(bucket, self._scale, rollback=skipped)
             bucket.reset()
         comm_time = time.perf_counter() - t_comm
-        for p in self._delay:
-            self._delay[p] = self.backward_passes_per_step
+        self._reset_delays()
         self._finish_step(comm_time, skipped)
         self._register_hooks()   # parameters unfrozen since the last step
         self._synchronized = True
 
-    def _finish_transfer(self, transfer: Transfer) -> torch.Tensor:
-        """The bucket's combined gradient (flat float32); its counts join the step's."""
-        aggregated = transfer.finish()
-        if transfer.stats is not None:
-            self._step_stats = StepStats.from_tensor(transfer.stats)
-        self._bytes_sent += transfer.bytes_sent
-        self._floats_sent += transfer.floats_sent
-        self._control_bytes += transfer.control_bytes
-        return aggregated
-
-    def _commit_residual(self, bucket, rollback: bool) -> None:
-        """residual = g_ef - sent, once the step's collectives are done (or, for a step
-        every rank skips, the residual from before the step)."""
-        key = bucket.index
-        if not bucket.update_residual or key not in self._memory.residuals:
-            return
-        if rollback:
-            self._memory.restore(key)
-            self._interval.rollback(key)
-            return
-        bucket.transfer.commit(self._memory, key)
-        self._memory.unscale(key, self._scale)
-        buf = self._memory.residuals[key]
-        for s, e, saved in bucket.parked:
-            buf[s:e].copy_(saved)
-
     def _finish_step(self, comm_time: float, skipped: bool = False):
         if self._exchange is not None:
             self._exchange.finish()   # normally done by the first bucket; not if there is none
-        now = time.perf_counter()
-        step_time = now - self._step_start
-        ctrl = self._controller
-        decision = ctrl.decision
-        stats = {"step": self._step_index, "cf": decision.send_cf, "level": decision.level,
-                 "theta_min": decision.theta_min, "candidate_cf": decision.candidate_cf,
-                 "bytes_sent": self._bytes_sent, "control_bytes": self._control_bytes,
-                 "floats_sent": self._floats_sent,
-                 "dense_floats": sum(b.numel for b in self._buckets),
-                 "step_time": step_time, "compress_time": self._compress_time, "comm_time": comm_time,
-                 "nonfinite_buckets": self._nonfinite, "skipped": skipped,
-                 "quality": sum(self._quality) / len(self._quality) if self._quality else None}
-        if self._exchange is not None and ctrl.needs_consensus:
-            # No statistics arrived (no bucket, or the carrier changed mid-step because a
-            # gradient turned out sparse): the step is not observed, on every rank alike.
-            observed = not skipped and self._step_stats is not None
-            step_stats = self._step_stats if self._step_stats is not None else StepStats()
-            stats.update(dict.fromkeys(CONSENSUS_STATS))   # filled in by the exchange
-            self._exchange.start(step_stats, step_time, self._world, self._at_boundary,
-                                 observe=observed, stats=stats)
-            if not self.overlap_consensus:
-                self._exchange.finish()
-        elif not skipped:
-            ctrl.observe(StepObservation(0.0, 0.0, 0.0, step_time))
+        step_time = time.perf_counter() - self._step_start
+        ctrl, record = self._controller, self._record
+        stats = record.summary(self._step_index, ctrl.decision, sum(b.numel for b in self._buckets),
+                               step_time, comm_time, skipped)
+        observe_step(self._exchange, ctrl, record.step_stats, step_time, self.world_size, record.at_boundary,
+                     skipped, stats, wait=not self.overlap_consensus)
         self._stats = stats
         if not skipped:
             self._step_index += 1
         self._step_start = time.perf_counter()
-        self._reset_step_counters()
+        self._record = StepRecord()
 
     # -- elastic training (horovod_gravac/elastic.py uses only these) ----------------------
     @property
@@ -666,9 +410,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             self._exchange.drop()
         for bucket in self._buckets:
             bucket.reset()
-        for p in self._delay:
-            self._delay[p] = self.backward_passes_per_step
-        self._reset_step_counters()
+        self._reset_delays()
+        self._record = StepRecord()
         self._step_start = None
         self._synchronized = False
 
@@ -682,8 +425,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def set_world_size(self, n: int) -> bool:
         """Take ``n`` ranks as the world (after a membership change); GraVAC's EWMA factor
         follows it.  Returns whether it changed."""
-        changed = n != self._world
-        self._world = n
+        changed = n != self._link.world
+        self._link.world = n
         ctrl = self.controller
         if hasattr(ctrl, "set_world_size"):
             ctrl.set_world_size(n)   # GraVAC: EWMA factor N/100 unless ewma_alpha was given
@@ -695,13 +438,17 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._state_synced = True
 
     @property
-    def _world(self) -> int:
+    def world_size(self) -> int:
         """Ranks taking part (the process set's size; it changes in elastic training)."""
         return self._link.world
 
-    @_world.setter
-    def _world(self, n: int) -> None:
-        self._link.world = n
+    def bucketed_parameters(self) -> List[Tuple[str, torch.nn.Parameter]]:
+        """(name, parameter) of every parameter sent in a bucket (sparse ones are not)."""
+        return [(n, p) for b in self._buckets for n, p in zip(b.names, b.params)]
+
+    def new_compressor(self, cf: float) -> GradientCompressor:
+        """A fresh compressor of this optimizer's kind and settings at ``cf``."""
+        return self._encoder.compressor_factory(cf)
 
     @property
     def controller(self) -> Controller:
@@ -729,8 +476,12 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         """As Horovod's: gradients of ``passes`` backward passes are summed locally first."""
         _check_passes(passes)
         self.backward_passes_per_step = passes
+        self._reset_delays()
+
+    def _reset_delays(self) -> None:
+        """Every parameter waits for ``backward_passes_per_step`` gradients again."""
         for p in self._delay:
-            self._delay[p] = passes
+            self._delay[p] = self.backward_passes_per_step
 
     @contextmanager
     def skip_synchronize(self):
@@ -751,63 +502,26 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
-        if any(b.transfer is not None for b in self._buckets) \
-                or any(info["handles"] is not None for info in self._sparse.values()):
+        if any(b.transfer is not None for b in self._buckets) or self._sparse.in_flight():
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(). This is prohibited "
                                  "as it can cause a race condition.")
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
-    # -- state -------------------------------------------------------------------------------
+    # -- state (horovod_gravac/checkpoint.py) -------------------------------------------------
     def gravac_state_dict(self) -> dict:
-        """Controller state, step index, and this rank's residuals, momentum-correction
-        velocities, Accordion interval sums and PowerSGD warm starts (per parameter name,
-        so bucketing may change), with ``meta`` (what the state was written for: controller settings, compressor,
-        world size, rank, parameter layout) and a CRC-32 of each per-rank buffer
-        (``horovod_gravac/checkpoint.py``)."""
-        from . import checkpoint
+        """Controller state, step index and this rank's buffers by parameter name, with
+        ``meta`` and checksums (``checkpoint.gravac_state``)."""
         ctrl = self.controller   # waits for a decision broadcast in flight
-        memory = self._memory.state_dict(self._buckets)
-        accumulated = self._interval.state_dict(self._buckets)
-        return {"controller": ctrl.state_dict(), "residuals": memory["residuals"],
-                "velocities": memory["velocities"], "accumulated": accumulated,
-                "step": self._step_index,
-                "lowrank_q": self._warm.state_dict(),
-                "residual_crc32": checkpoint.residual_checksums(memory["residuals"]),
-                "velocity_crc32": checkpoint.residual_checksums(memory["velocities"]),
-                "accumulated_crc32": checkpoint.residual_checksums(accumulated),
-                "meta": checkpoint.optimizer_meta(self, comm.rank())}
+        return checkpoint.gravac_state(ctrl, self._step_index, self._memory, self._interval, self._warm,
+                                       self._buckets, checkpoint.optimizer_meta(self, comm.rank()))
 
     def load_gravac_state_dict(self, state: dict) -> None:
-        """Load a state from ``gravac_state_dict``.  Raises ``ValueError`` naming the
-        difference when it was written for another controller, compressor, model layout,
-        rank or world size, or when a residual fails its checksum (nothing is loaded
-        then); ``horovod_gravac.checkpoint.retarget`` re-targets a state on purpose."""
-        from . import checkpoint
-        if not isinstance(state, dict) or "residuals" not in state or "step" not in state:
-            raise checkpoint.CheckpointError(
-                f"horovod_gravac: not a GraVAC optimizer state (keys: "
-                f"{sorted(state) if isinstance(state, dict) else type(state).__name__})")
-        checkpoint.check_compatible(state.get("meta"), checkpoint.optimizer_meta(self, comm.rank()))
-        checkpoint.verify_residuals(state)
-        if state["controller"] is not None:   # None: retarget(controller=True), keep ours
-            fresh = copy.deepcopy(self.controller.state_dict())
-            try:
-                self.controller.load_state_dict(state["controller"])
-            except (KeyError, TypeError, ValueError) as exc:
-                self.controller.load_state_dict(fresh)
-                raise checkpoint.CheckpointError(
-                    f"horovod_gravac: the checkpoint's controller state does not fit "
-                    f"{self.controller!r} ({type(exc).__name__}: {exc}); it was written for another "
-                    f"controller. horovod_gravac.checkpoint.retarget(state, controller=True) keeps "
-                    f"this optimizer's own controller instead") from exc
-        self._step_index = int(state["step"])
-        self._warm.load_state_dict(state.get("lowrank_q", {}))
-        # Each part loads its own; states written before velocities and interval sums
-        # were saved leave those as they are.
-        self._memory.load_state_dict(state, self._buckets)
-        if "accumulated" in state:
-            self._interval.load_state_dict(state["accumulated"], self._buckets)
+        """Load a state from ``gravac_state_dict``; ``ValueError`` (nothing loaded) if it
+        does not fit this optimizer (``checkpoint.load_controller_state``)."""
+        meta = checkpoint.optimizer_meta(self, comm.rank())
+        self._step_index = checkpoint.load_controller_state(state, meta, self.controller)
+        checkpoint.load_rank_buffers(state, self._memory, self._interval, self._warm, self._buckets)
 
     def state_dict(self):
         state = super(self.__class__, self).state_dict()
@@ -815,18 +529,15 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict):
-        from . import checkpoint
         state_dict = dict(state_dict)
         gravac = state_dict.pop("gravac", None)
-        if gravac is not None:   # check before anything is loaded
-            if isinstance(gravac, dict) and "meta" in gravac:
-                checkpoint.check_compatible(gravac["meta"], checkpoint.optimizer_meta(self, comm.rank()))
-                checkpoint.verify_residuals(gravac)
+        if isinstance(gravac, dict) and "meta" in gravac:   # check before anything is loaded
+            checkpoint.check_compatible(gravac["meta"], checkpoint.optimizer_meta(self, comm.rank()))
+            checkpoint.verify_residuals(gravac)
         super(self.__class__, self).load_state_dict(state_dict)
         if gravac is not None:
             self.load_gravac_state_dict(gravac)
-        for p in self._delay:
-            self._delay[p] = self.backward_passes_per_step
+        self._reset_delays()
         self._synchronized = False
         self._should_synchronize = True
 
@@ -846,9 +557,10 @@ def _check_consistency(opt, named, sample_compressor) -> None:
             # same buckets, or the collectives of a bucket index carry different tensors.
             "bucket_cap_mb": {"bucket_sizes": [b.numel for b in opt._buckets],
                               "bucket_params": [b.names for b in opt._buckets]}}
+    wire = opt._encoder.wire
     mine.update({"op": int(opt.op), "gradient_predivide_factor": opt.gradient_predivide_factor,
-                 "compression": getattr(opt._wire, "__name__", type(opt._wire).__name__),
-                 "sparse_as_dense": opt.sparse_as_dense, "nonfinite": opt._nonfinite_policy,
+                 "compression": getattr(wire, "__name__", type(wire).__name__),
+                 "sparse_as_dense": opt.sparse_as_dense, "nonfinite": opt._encoder.nonfinite_policy,
                  "grad_scaler": opt._grad_scaler is not None, "join_safe": opt._join_safe})
     everyone = comm.allgather_object(mine, name=f"{opt._prefix}.consistency", timeout=opt._timeout,
                                      process_set=opt.process_set)
@@ -874,51 +586,25 @@ def _collective_prefix() -> str:
     return "gravac" if n == 0 else f"gravac{n}"
 
 
-def _squared_norm(grads) -> float:
-    """Sum of squared L2 norms, as a float64 number; NaN/Inf if any entry is NaN/Inf or does
-    not fit float32 (the wire and the residual are float32).  The fast float32 norms
-    (accumulated in double on the CPU) are recomputed in float64 only when they overflow:
-    a float32 sum of squares past 3.4e38 (CUDA) must not pass for a NaN/Inf gradient."""
-    if not grads:
-        return 0.0
-    total = float(torch.stack([n.double() for n in torch._foreach_norm(grads)]).pow(2).sum())
-    if not math.isfinite(total):
-        if not all(_finite(g) for g in grads):
-            return math.inf
-        total = float(sum(torch.linalg.vector_norm(g, dtype=torch.float64) ** 2 for g in grads))
-    for g in grads:   # float64 gradients may hold finite values float32 cannot
-        if g.dtype == torch.float64 and g.numel() and float(g.abs().max()) > _FP32_MAX:
-            return math.inf
-    return total
-
-
-def _finite(t: torch.Tensor) -> bool:
-    return bool(torch.isfinite(t).all()) if t.numel() else True
-
-
-def _sq(t: torch.Tensor) -> torch.Tensor:
-    """Squared L2 norm as a float64 tensor: the fast float32 norm, recomputed in float64
-    only if it overflowed (a finite 1e20 entry squares past float32's range)."""
-    n = torch.linalg.vector_norm(t)
-    if not math.isfinite(float(n)):
-        n = torch.linalg.vector_norm(t, dtype=torch.float64)
-    return n.double() ** 2
-
-
-def _poisoned(payload: SparsePayload, shared_indices: bool, device) -> SparsePayload:
-    """A payload that makes every rank's aggregate non-finite (same size on shared-index
-    paths, where every rank's k must match; at least one entry otherwise)."""
-    if payload.values.numel():
-        return SparsePayload(torch.full_like(payload.values, float("nan")), payload.indices)
-    if shared_indices:
-        return payload
-    return SparsePayload(torch.full((1,), float("nan"), device=device),
-                         torch.zeros(1, dtype=torch.int32, device=device))
-
-
 def _short(x, limit=300):
     s = repr(x)
     return s if len(s) <= limit else s[:limit] + "..."
+
+
+def _floats(named):
+    """The floating-point parameters of ``named``; frozen ones too: unfreezing one later
+    must not leave it out of the exchange (ranks would diverge)."""
+    _check_float(named)
+    return [(n, p) for n, p in named if p.dtype in FLOAT_DTYPES]
+
+
+def _sample_compressor(factory, controller: Controller) -> GradientCompressor:
+    """The compressor at CF 10, for type checks and the start-up check."""
+    sample = factory(10.0)
+    if sample.low_rank and controller.needs_consensus and not controller.needs_accumulation:
+        raise ValueError("controller GraVAC needs a sparsifying compressor (multi-level "
+                         "compression); use PowerSGD with Dense, StaticCF or Accordion")
+    return sample
 
 
 def _named_list(named_parameters):

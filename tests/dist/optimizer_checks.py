@@ -353,13 +353,14 @@ def check_carried_stats_are_complete_averages():
     def launch(bucket):
         launches.append(bucket.index)
         original_launch(bucket)
-        if bucket is opt._carrier and len(opt._buckets) > opt._launched:
+        if bucket is opt._carrier and len(opt._buckets) > opt._record.launched:
             assert bucket.handle is None and not bucket.transfer.started, "the carrier started early"
     opt._launch = launch
 
     def finish(comm_time, skipped=False):
-        n = opt._norms
-        finished.append(([float(n[0]), float(n[1]), float(n[2]), opt._grad_sq], opt._step_stats.to_list(),
+        record = opt._record
+        n = record.norms
+        finished.append(([float(n[0]), float(n[1]), float(n[2]), record.grad_sq], record.step_stats.to_list(),
                          opt._controller.decision.level))
         return original(comm_time, skipped)
     opt._finish_step = finish

@@ -584,7 +584,7 @@ def check_elastic_reset_world_size():
     comm.size = lambda: SIZE + 3          # what hvd.size() says after the new rendezvous
     try:
         state.on_reset()
-        assert opt._world == SIZE + 3 and ctrl.world_size == SIZE + 3
+        assert opt.world_size == SIZE + 3 and ctrl.world_size == SIZE + 3
         assert abs(ctrl._gain_min.alpha - (SIZE + 3) / 100) < 1e-12, ctrl._gain_min.alpha
         assert not ctrl.throughput.compression, "throughput measured with another N was kept"
         assert (ctrl.theta_min, ctrl.candidate_cf) == ladder
@@ -593,7 +593,7 @@ def check_elastic_reset_world_size():
     finally:
         comm.size = real_size
     state.on_reset()                      # back to the real world size
-    assert opt._world == SIZE and abs(ctrl._gain_min.alpha - SIZE / 100) < 1e-12
+    assert opt.world_size == SIZE and abs(ctrl._gain_min.alpha - SIZE / 100) < 1e-12
     state.sync()
     train_steps(model, opt, 6, start=8)   # zero_grad works, no hang, ranks agree
     assert_identical_across_ranks(flat_params(model), "elastic.reset")
@@ -651,7 +651,7 @@ def elastic_driver_run(steps=24, fail_at=8, grow_at=14):
                     state.check_host_updates()
                     time.sleep(0.1)
             residual_max = max((float(r.abs().max()) for r in opt._memory.residuals.values()), default=0.0)
-            seen.append((state.step, hvd.size(), opt._world, opt.controller.world_size,
+            seen.append((state.step, hvd.size(), opt.world_size, opt.controller.world_size,
                          opt.controller._gain_min.alpha, residual_max))
             train_steps(model, opt, 1, start=state.step)
             state.step += 1
@@ -691,7 +691,7 @@ def fault_run(kind, timeout):
     if RANK == 1 and kind in ("stats", "decision"):
         # stats: stall just before the statistics-carrying bucket starts its collective;
         # decision: in the decision broadcast.
-        owner, target = {"stats": (opt, "_local_stats"), "decision": (comm, "broadcast_async_")}[kind]
+        owner, target = {"stats": (opt._encoder, "local_stats"), "decision": (comm, "broadcast_async_")}[kind]
         original = getattr(owner, target)
 
         def late(*a, **k):

@@ -1,0 +1,56 @@
+"""``StepRecord``: what one step of a ``DistributedOptimizer`` did, as it happens.
+
+One record per step: the encoder adds norms, quality and the NaN/Inf count as buckets
+are compressed, transfers add their bytes as they finish, and the optimizer turns it
+into ``optimizer.stats`` (docs/API_CONTRACT.md) once the step is synchronized.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from .wire import StepStats
+
+
+class StepRecord:
+    def __init__(self):
+        self.norms = torch.zeros(3, dtype=torch.float64)   # ||g_ef||^2, ||g_min||^2, ||g_c||^2
+        self.grad_sq = 0.0
+        self.compress_time = 0.0
+        self.bytes_sent = 0
+        self.floats_sent = 0
+        self.nonfinite = 0                 # buckets that were NaN/Inf here
+        self.quality: List[float] = []
+        self.launched = 0                  # buckets launched this step
+        self.control_bytes = 0             # statistics carried for the controller
+        self.step_stats: Optional[StepStats] = None     # rank-averaged, from the carrier bucket
+        self.at_boundary = False           # Accordion: this step ends an interval
+        self.open = False                  # a hook of this step has run
+
+    def add_transfer(self, transfer) -> None:
+        """A finished transfer's counts (and the carried statistics, if it had them)."""
+        if transfer.stats is not None:
+            self.step_stats = StepStats.from_tensor(transfer.stats)
+        self.bytes_sent += transfer.bytes_sent
+        self.floats_sent += transfer.floats_sent
+        self.control_bytes += transfer.control_bytes
+
+    def local_stats(self, scale: float, accumulated_sq: float) -> StepStats:
+        """This rank's statistics (unscaled by the loss scale), sent with the carrier."""
+        s2 = scale * scale
+        n = self.norms
+        return StepStats(ef_sq=float(n[0]) / s2, min_sq=float(n[1]) / s2, candidate_sq=float(n[2]) / s2,
+                         grad_sq=self.grad_sq / s2, accumulated_sq=accumulated_sq,
+                         nonfinite=float(self.nonfinite > 0))
+
+    def summary(self, step: int, decision, dense_floats: int, step_time: float, comm_time: float,
+                skipped: bool) -> dict:
+        """``optimizer.stats`` of the step (the consensus fields are added by the exchange)."""
+        return {"step": step, "cf": decision.send_cf, "level": decision.level,
+                "theta_min": decision.theta_min, "candidate_cf": decision.candidate_cf,
+                "bytes_sent": self.bytes_sent, "control_bytes": self.control_bytes,
+                "floats_sent": self.floats_sent, "dense_floats": dense_floats,
+                "step_time": step_time, "compress_time": self.compress_time, "comm_time": comm_time,
+                "nonfinite_buckets": self.nonfinite, "skipped": skipped,
+                "quality": sum(self.quality) / len(self.quality) if self.quality else None}

@@ -1,0 +1,234 @@
+"""``BucketEncoder``: one bucket's gradient in, one transfer (not yet started) out.
+
+Per bucket and step (the numbered steps of ``optimizer.py``'s docstring): local
+clipping, error feedback, the NaN/Inf policy, multi-level compression
+(g_min = C(g_ef, theta_min), g_c = C(g_min, theta_s)) and this rank's squared norms
+for the controller; once the step's collectives are done, residual = g_ef - sent.
+The optimizer decides when a bucket launches and starts the transfer; the encoder
+never submits a collective itself.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from .accounting import StepRecord
+from .compressors.base import GradientCompressor, SparsePayload
+from .controllers import DENSE, Controller, Decision
+from .error_feedback import ErrorFeedback, IntervalSum
+from .transfers import (DenseAllreduce, Link, LowRankTransfer, SharedIndexAllreduce, SlottedSparse,
+                        SparseAllgather, Transfer, WarmStarts)
+from .wire import StepStats
+
+_FP32_MAX = torch.finfo(torch.float32).max
+
+
+class BucketEncoder:
+    def __init__(self, *, controller: Controller, memory: ErrorFeedback, interval: IntervalSum,
+                 warm: WarmStarts, link: Link, wire, compressor_factory: Callable[[float], GradientCompressor],
+                 prefix: str, nonfinite: str, grad_scaler, local_clip_norm: Optional[float], join_safe: bool):
+        self.controller, self.memory, self.interval, self.warm = controller, memory, interval, warm
+        self.link, self.wire, self.prefix = link, wire, prefix
+        self.compressor_factory = compressor_factory
+        self._compressors: Dict[float, GradientCompressor] = {}   # one per CF, kept (their state)
+        self.nonfinite_policy, self.grad_scaler = nonfinite, grad_scaler
+        self.local_clip_norm, self.join_safe = local_clip_norm, join_safe
+
+    def compressor(self, cf: float) -> GradientCompressor:
+        comp = self._compressors.get(cf)
+        if comp is None:
+            comp = self._compressors[cf] = self.compressor_factory(cf)
+        return comp
+
+    def bucket_name(self, bucket) -> str:
+        return f"{self.prefix}.bucket.{bucket.index}"
+
+    def encode(self, bucket, decision: Decision, record: StepRecord, *, scale: float, step_index: int,
+               with_stats: bool) -> Transfer:
+        """Error feedback and compression of ``bucket``'s gradient; the transfer that
+        sends it (``with_stats``: it also carries the step's statistics)."""
+        grads = _bucket_grads(bucket)
+        grad_sq = _squared_norm([g for g in grads if g is not None])   # NaN/Inf if not sendable
+        finite = math.isfinite(grad_sq)
+        if finite and self.local_clip_norm is not None:
+            # DGC's local clipping: each rank clips to clip_norm / sqrt(N), per bucket
+            # (the whole-model norm is not known while buckets are still arriving).
+            limit = self.local_clip_norm / self.link.world ** 0.5 * scale
+            if grad_sq > limit * limit:
+                factor = limit / grad_sq ** 0.5
+                for g in grads:
+                    if g is not None:
+                        g.mul_(factor)
+                grad_sq = limit * limit
+        g_ef = None
+        if finite:
+            if self.grad_scaler is not None:
+                self.memory.snapshot(bucket.index)
+            g_ef = self.memory.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale)
+            if self.grad_scaler is not None and not finite_tensor(g_ef):
+                # residual * scale + g overflowed float32: drop this step's residual change
+                self.memory.restore(bucket.index)
+                g_ef, finite = None, False
+        if finite:
+            record.grad_sq += grad_sq
+            if self.controller.needs_accumulation:   # Accordion's interval sum, unscaled
+                self.interval.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale,
+                                  backup=self.grad_scaler is not None)
+            _park_frozen(bucket, g_ef)
+            bucket.update_residual = True
+            return self._compress(bucket, g_ef, decision, record, step_index, with_stats, measure=True)
+        record.nonfinite += 1
+        return self._nonfinite(bucket, grads, decision, record, step_index, with_stats)
+
+    def _nonfinite(self, bucket, grads, decision, record, step_index, with_stats) -> Transfer:
+        """This rank's bucket holds NaN/Inf (or does not fit float32).  ``propagate``:
+        send it so every rank receives a non-finite bucket (as plain Horovod does);
+        ``zero``: contribute zeros through the very same collective."""
+        zeros = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
+        if self.nonfinite_policy == "zero":
+            return self._compress(bucket, zeros, decision, record, step_index, with_stats, measure=False)
+        if decision.candidate_cf == DENSE or decision.send_cf == DENSE:
+            flat = zeros
+            for g, (s, e) in zip(grads, bucket.offsets):
+                if g is not None:
+                    flat[s:e].copy_(g.reshape(-1))   # float64 beyond float32's range -> inf
+            if finite_tensor(flat):   # the overflow was in residual * scale + g: signal it
+                flat[0] = float("nan")
+            return DenseAllreduce(self.link, self.bucket_name(bucket), flat, with_stats, self.wire)
+        return self._compress(bucket, zeros, decision, record, step_index, with_stats, measure=False,
+                              poison=True)
+
+    def _compress(self, bucket, g_ef, decision: Decision, record: StepRecord, step_index: int,
+                  with_stats: bool, measure: bool, poison: bool = False) -> Transfer:
+        name = self.bucket_name(bucket)
+        if decision.candidate_cf == DENSE:   # nothing to compress or measure: plain allreduce
+            return DenseAllreduce(self.link, name, g_ef, with_stats, self.wire)
+        # theta_min == 1 keeps everything: the candidate then comes from g_ef directly.
+        comp_min = self.compressor(decision.theta_min if decision.theta_min > DENSE else decision.candidate_cf)
+        if comp_min.low_rank:
+            if poison:
+                g_ef = torch.full_like(g_ef, float("nan"))
+            return LowRankTransfer(self.link, name, bucket, g_ef, comp_min, self.warm,
+                                   bucket.update_residual, with_stats)
+        comp_min.set_step(step_index, bucket.index)   # shared-seed draws: per (step, bucket)
+        payload_min, ctx = comp_min.compress(g_ef)
+        payload_c = payload_min
+        if decision.theta_min == DENSE:
+            payload_min = None
+        elif decision.candidate_cf > decision.theta_min:   # multi-level: from g_min, not g_ef
+            payload_c = comp_min.compress_further(payload_min, ctx, decision.candidate_cf / decision.theta_min)
+        if self.controller.needs_consensus and measure:
+            ef_sq = _sq(g_ef)
+            min_sq = ef_sq if payload_min is None else _sq(payload_min.values)
+            c_sq = min_sq if payload_c is payload_min else _sq(payload_c.values)
+            record.norms += torch.stack([ef_sq, min_sq, c_sq]).double().cpu()
+        if comp_min.last_quality is not None and measure:
+            record.quality.append(float(comp_min.last_quality))
+        if decision.send_cf == DENSE:
+            if poison:
+                g_ef[0] = float("nan")
+            return DenseAllreduce(self.link, name, g_ef, with_stats, self.wire)
+        payload = payload_c if decision.send_cf == decision.candidate_cf else payload_min
+        if poison:   # every rank's sum must come out non-finite
+            payload = _poisoned(payload, comp_min.shared_indices, bucket.device)
+        args = (self.link, name, payload, bucket.numel, bucket.device, with_stats)
+        if comp_min.shared_indices:
+            # The step index rides along (checked on arrival) unless join_safe's exchange aligns it.
+            return SharedIndexAllreduce(*args, None if self.join_safe else step_index)
+        if self.join_safe:
+            return SlottedSparse(*args, decision.send_cf)
+        return SparseAllgather(*args)
+
+    def commit_residual(self, bucket, scale: float, rollback: bool) -> None:
+        """residual = g_ef - sent, once the step's collectives are done (or, for a step
+        every rank skips, the residual from before the step)."""
+        key = bucket.index
+        if not bucket.update_residual or key not in self.memory.residuals:
+            return
+        if rollback:
+            self.memory.restore(key)
+            self.interval.rollback(key)
+            return
+        bucket.transfer.commit(self.memory, key)
+        self.memory.unscale(key, scale)
+        buf = self.memory.residuals[key]
+        for s, e, saved in bucket.parked:
+            buf[s:e].copy_(saved)
+
+    def local_stats(self, record: StepRecord, buckets, scale: float) -> StepStats:
+        """This rank's statistics of the step, sent with the carrier bucket: squared norms
+        of g_ef, g_min and g_c, of the raw gradient, Accordion's interval sum (at an
+        interval's end, else 0) and whether any bucket was NaN/Inf (all unscaled)."""
+        ctrl = self.controller
+        interval = getattr(ctrl, "interval", None)
+        record.at_boundary = interval is not None and (ctrl.step + 1) % interval == 0
+        acc_sq = 0.0
+        if record.at_boundary:   # Accordion: the interval's gradient sum, then start a new sum
+            acc_sq = self.interval.take_squared_norm(buckets)
+        return record.local_stats(scale, acc_sq)
+
+
+def _bucket_grads(bucket) -> List[Optional[torch.Tensor]]:
+    """This step's gradient of each parameter of the bucket; None for a frozen one
+    (``requires_grad`` False: it takes no part, its residual waits)."""
+    grads = []
+    for p in bucket.params:
+        if not p.requires_grad:
+            grads.append(None)
+            continue
+        if p.grad is None:   # unused this step here, maybe used on another rank
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad.to_dense() if p.grad.is_sparse else p.grad)
+    return grads
+
+
+def _park_frozen(bucket, g_ef) -> None:
+    """A frozen parameter's residual is neither sent nor lost: set aside for the step."""
+    for p, (s, e) in zip(bucket.params, bucket.offsets):
+        if not p.requires_grad:
+            bucket.parked.append((s, e, g_ef[s:e].clone()))
+            g_ef[s:e].zero_()
+
+
+def _squared_norm(grads) -> float:
+    """Sum of squared L2 norms, as a float64 number; NaN/Inf if any entry is NaN/Inf or does
+    not fit float32 (the wire and the residual are float32).  The fast float32 norms
+    (accumulated in double on the CPU) are recomputed in float64 only when they overflow:
+    a float32 sum of squares past 3.4e38 (CUDA) must not pass for a NaN/Inf gradient."""
+    if not grads:
+        return 0.0
+    total = float(torch.stack([n.double() for n in torch._foreach_norm(grads)]).pow(2).sum())
+    if not math.isfinite(total):
+        if not all(finite_tensor(g) for g in grads):
+            return math.inf
+        total = float(sum(torch.linalg.vector_norm(g, dtype=torch.float64) ** 2 for g in grads))
+    for g in grads:   # float64 gradients may hold finite values float32 cannot
+        if g.dtype == torch.float64 and g.numel() and float(g.abs().max()) > _FP32_MAX:
+            return math.inf
+    return total
+
+
+def finite_tensor(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t).all()) if t.numel() else True
+
+
+def _sq(t: torch.Tensor) -> torch.Tensor:
+    """Squared L2 norm as a float64 tensor: the fast float32 norm, recomputed in float64
+    only if it overflowed (a finite 1e20 entry squares past float32's range)."""
+    n = torch.linalg.vector_norm(t)
+    if not math.isfinite(float(n)):
+        n = torch.linalg.vector_norm(t, dtype=torch.float64)
+    return n.double() ** 2
+
+
+def _poisoned(payload: SparsePayload, shared_indices: bool, device) -> SparsePayload:
+    """A payload that makes every rank's aggregate non-finite (same size on shared-index
+    paths, where every rank's k must match; at least one entry otherwise)."""
+    if payload.values.numel():
+        return SparsePayload(torch.full_like(payload.values, float("nan")), payload.indices)
+    if shared_indices:
+        return payload
+    return SparsePayload(torch.full((1,), float("nan"), device=device),
+                         torch.zeros(1, dtype=torch.int32, device=device))
