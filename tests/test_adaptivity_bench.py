@@ -1,0 +1,72 @@
+"""benchmarks/adaptivity.py's analysis on synthetic runs (no training, no network)."""
+import argparse
+
+import pytest
+
+from benchmarks import adaptivity as A
+
+
+def fake_run(cfs, accs, step_s=0.1, every=2):
+    steps = [{"step": i + 1, "cf": cf, "iter_time": step_s, "floats_sent": 100.0 / cf, "dense_floats": 100.0,
+              "comm_time": step_s / 2} for i, cf in enumerate(cfs)]
+    evals = [{"step": (i + 1) * every, "accuracy": a / 100} for i, a in enumerate(accs)]
+    return {"summary": {}, "steps": steps, "evals": evals}
+
+
+ARGS = argparse.Namespace(tolerance_pp=0.5, tolerance_ppl=0.02)
+
+
+def test_time_to_accuracy_and_ratios_with_measured_times():
+    runs = {"dense": fake_run([1] * 8, [90, 95, 98, 98], step_s=0.4),
+            "topk-cf10": fake_run([10] * 8, [90, 97.6, 98, 98], step_s=0.2),
+            "gravac-ladder-exp-topk-eps0.7": fake_run([1, 10, 20, 20, 20, 20, 20, 20], [90, 97.9, 98, 98], step_s=0.1)}
+    rows = {r["config"]: r for r in A.analyse("digits", "1gbit", runs, None, ARGS)}
+    assert rows["dense"]["target"] == pytest.approx(97.5)
+    assert rows["dense"]["tta_s"] == pytest.approx(6 * 0.4)           # third evaluation, step 6
+    assert rows["topk-cf10"]["tta_s"] == pytest.approx(4 * 0.2)       # second evaluation, step 4
+    g = rows["gravac-ladder-exp-topk-eps0.7"]
+    assert g["tta_s"] == pytest.approx(0.4)
+    assert g["speedup_vs_topk10"] == pytest.approx(2.0) and g["best_static"] == "topk-cf10"
+    assert g["median_cf"] == 20 and g["dense_steps_pct"] == pytest.approx(12.5)
+
+
+def test_fixed_configurations_are_timed_by_the_cf_each_step_sent():
+    runs = {"dense": fake_run([1] * 4, [98, 98], step_s=9.0),
+            "accordion-topk": fake_run([10, 10, 1000, 1000], [97, 98], step_s=9.0)}
+    timings = {"dense": 1.0, "topk-cf10": 0.5, "topk-cf1000": 0.1}
+    rows = {r["config"]: r for r in A.analyse("digits", "100mbit", runs, timings, ARGS)}
+    assert rows["dense"]["train_s"] == pytest.approx(4.0)             # measured steps ignored
+    assert rows["accordion-topk"]["train_s"] == pytest.approx(0.5 + 0.5 + 0.1 + 0.1)
+    assert rows["accordion-topk"]["tta_s"] == pytest.approx(1.2)      # reached at step 4
+
+
+def test_language_model_target_is_relative_perplexity():
+    def lm(ppls):
+        r = fake_run([1] * 4, [0, 0])
+        r["evals"] = [{"step": 2 * (i + 1), "perplexity": p} for i, p in enumerate(ppls)]
+        return r
+    rows = {r["config"]: r for r in A.analyse("tinylstm-pydoc", "1gbit",
+                                              {"dense": lm([120, 100]), "topk-cf10": lm([101.9, 99])},
+                                              None, ARGS)}
+    assert rows["topk-cf10"]["target"] == pytest.approx(102.0) and rows["topk-cf10"]["tta_s"] == pytest.approx(0.2)
+
+
+def test_goals_count_accordion_that_never_reaches_the_target_as_not_faster():
+    rows = [{"workload": "w", "rate": "r", "config": "accordion-topk", "tta_s": None, "final": 90.0},
+            {"workload": "w", "rate": "r", "config": "g", "tta_s": 5.0, "speedup_vs_topk10": 1.6,
+             "speedup_vs_accordion": None, "vs_best_static": 0.95, "best_static": "topk-cf100"}]
+    checks = A.goals(rows, [], {("w", "r"): 0.6}, "g")
+    by = {c["goal"]: c["pass"] for c in checks}
+    assert by["never slower than Accordion"] is True
+    assert by["1.5x faster than static Top-k 10x where comm >= half its step"] is True
+    assert by["within 10 % of the best static CF in hindsight"] is True
+
+
+def test_every_configuration_is_a_valid_training_command():
+    from horovod_gravac.harness.train import build_parser
+    parser = build_parser()
+    for name, (_, flags) in A.CONFIGS.items():
+        for w in A.WORKLOADS:
+            cmd = A.train_command(w, flags, "/tmp/x", 10, 5)
+            args = parser.parse_args(cmd[cmd.index("horovod_gravac.harness.train") + 1:])
+            assert args.steps == 10, name
