@@ -257,13 +257,15 @@ class GraVAC(Controller):
                 self._check_ladder()
             else:
                 self._check_gravac()
-        self.decision = self._choose_ladder() if self.variant == "ladder" else self._choose()
+        self.decision = self._choose()
         return self.decision
 
     def _choose(self) -> Decision:
-        """Algorithm 1 lines 10-24: candidate if its gain >= epsilon, else theta_min, else dense."""
+        """Algorithm 1 lines 10-24: candidate if its gain >= epsilon, else theta_min, else dense.
+        The ladder variant also asks that the candidate pays (``_candidate_pays``)."""
         g_c, g_min = self.gain_candidate, self.gain_min
-        if g_c is not None and g_c >= self.epsilon:
+        if g_c is not None and g_c >= self.epsilon \
+                and (self.variant != "ladder" or self._candidate_pays()):
             send = self.candidate_cf
         elif g_min is not None and g_min >= self.epsilon:
             send = self.theta_min
@@ -290,11 +292,7 @@ class GraVAC(Controller):
         if candidate != self.candidate_cf:
             self.candidate_cf = candidate
             self._gain_candidate.reset(g_c if candidate == evaluated else None)
-        self.history.append({"step": self.step, "evaluated_cf": evaluated, "theta_min": self.theta_min,
-                             "next_candidate_cf": self.candidate_cf, "gain_min": g_min,
-                             "gain_candidate": g_c, "saturated_at": ideal,
-                             "compression_throughput": dict(self.throughput.compression)})
-        self.history_count += 1
+        self._record_check(evaluated, g_min, g_c, saturated_at=ideal)
 
     # -- the "ladder" variant ------------------------------------------------------
     # Measured with the paper's rules (issue traces of a 1D CNN, epsilon 0.7): the
@@ -328,16 +326,6 @@ class GraVAC(Controller):
             return True
         return self.throughput.compression[c] > self.throughput.compression[m] * (1 + self.omega)
 
-    def _choose_ladder(self) -> Decision:
-        g_c, g_min = self.gain_candidate, self.gain_min
-        if g_c is not None and g_c >= self.epsilon and self._candidate_pays():
-            send = self.candidate_cf
-        elif g_min is not None and g_min >= self.epsilon:
-            send = self.theta_min
-        else:
-            send = DENSE
-        return Decision(send, self.theta_min, self.candidate_cf)
-
     def _check_ladder(self) -> None:
         """Every ``window`` steps: step down if theta_min lost too much, up if the candidate
         passes epsilon and its measured compression throughput beats theta_min's."""
@@ -364,9 +352,13 @@ class GraVAC(Controller):
             if self.candidate_cf != evaluated:
                 self._gain_candidate.reset(None)
             move = "up"
+        self._record_check(evaluated, g_min, g_c, move=move)
+
+    def _record_check(self, evaluated, g_min, g_c, **extra) -> None:
+        """One ``history`` entry per window check (both variants)."""
         self.history.append({"step": self.step, "evaluated_cf": evaluated, "theta_min": self.theta_min,
                              "next_candidate_cf": self.candidate_cf, "gain_min": g_min,
-                             "gain_candidate": g_c, "move": move,
+                             "gain_candidate": g_c, **extra,
                              "compression_throughput": dict(self.throughput.compression)})
         self.history_count += 1
 
