@@ -124,6 +124,7 @@ PATHS = {
                       "--theta-min", "10", "--theta-max", "10", "--epsilon", "0.01"],
 }
 TIMED_CFS = {"dense": 1.0, "topk-cf10": 10.0, "topk-cf100": 100.0, "topk-cf1000": 1000.0}
+TIMED_BY_CF = {cf: name for name, cf in TIMED_CFS.items()}
 
 
 def log(msg: str) -> None:
@@ -198,10 +199,8 @@ def analyse(workload: str, rate: str, runs: Dict[str, dict], timings: Optional[D
     for name, run_ in runs.items():
         kind = CONFIGS[name][0]
         if kind == "fixed" and timings is not None:   # trained at another rate: timed here
-            def step_seconds(s, _name=name):
-                cf = float(s.get("cf") or 1.0)
-                key = {1.0: "dense", 10.0: "topk-cf10", 100.0: "topk-cf100", 1000.0: "topk-cf1000"}.get(cf)
-                return timings.get(key, float("nan"))
+            def step_seconds(s):
+                return timings.get(TIMED_BY_CF.get(float(s.get("cf") or 1.0)), float("nan"))
         else:
             step_seconds = lambda s: s["iter_time"]   # noqa: E731
         times = curve(run_, step_seconds)
@@ -225,15 +224,6 @@ def analyse(workload: str, rate: str, runs: Dict[str, dict], timings: Optional[D
         r["best_static"] = best_static["config"] if best_static else None
         r["vs_best_static"] = best_static["tta_s"] / r["tta_s"] if best_static and r["tta_s"] else None
     return rows
-
-
-def comm_share(runs: Dict[str, dict], timings: Dict[str, float]) -> Optional[float]:
-    """Fraction of a Top-k 10x step that is communication at this rate (timing run)."""
-    r = runs.get("__timing__topk-cf10")
-    if r is None:
-        return None
-    steps = r["steps"][WARMUP:]
-    return statistics.median(s["comm_time"] / s["iter_time"] for s in steps if s.get("comm_time") is not None)
 
 
 # --------------------------------------------------------------------------- output
@@ -306,6 +296,12 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
     color = {name: palette[i % len(palette)] for i, name in enumerate(CONFIGS)}   # one per config
     adaptive = lambda runs: [n for n in runs if CONFIGS.get(n, ("",))[0] == "adaptive"]   # noqa: E731
 
+    def save(fig, filename):
+        fig.tight_layout()
+        made.append(os.path.join(out, filename))
+        fig.savefig(made[-1], dpi=90)
+        plt.close(fig)
+
     fig, axes = plt.subplots(len(keys), 1, figsize=(11, 2.6 * len(keys)), squeeze=False)
     for ax, key in zip(axes[:, 0], keys):
         for name in adaptive(all_runs[key]) + ["accordion-topk"]:
@@ -318,10 +314,7 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
         ax.set_title(f"{key[0]} at {key[1]}", fontsize=9)
     axes[0, 0].legend(fontsize=6, ncol=2)
     axes[-1, 0].set_xlabel("step")
-    fig.tight_layout()
-    made.append(os.path.join(out, "cf_per_step.png"))
-    fig.savefig(made[-1], dpi=90)
-    plt.close(fig)
+    save(fig, "cf_per_step.png")
 
     fig, axes = plt.subplots(len(keys), 2, figsize=(12, 2.6 * len(keys)), squeeze=False)
     for (ax_g, ax_t), key in zip(axes, keys):
@@ -343,10 +336,7 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
         ax_t.set_ylabel("T_compress (samples/s)")
         ax_t.set_title("compression throughput table at the end", fontsize=9)
     axes[0, 0].legend(fontsize=6)
-    fig.tight_layout()
-    made.append(os.path.join(out, "gain_per_cf.png"))
-    fig.savefig(made[-1], dpi=90)
-    plt.close(fig)
+    save(fig, "gain_per_cf.png")
 
     fig, axes = plt.subplots(len(keys), 1, figsize=(11, 2.6 * len(keys)), squeeze=False)
     for ax, key in zip(axes[:, 0], keys):
@@ -363,10 +353,7 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
                      fontsize=9)
         ax.legend(fontsize=6, ncol=4)
     axes[-1, 0].set_xlabel("step (window check)")
-    fig.tight_layout()
-    made.append(os.path.join(out, "throughput_table.png"))
-    fig.savefig(made[-1], dpi=90)
-    plt.close(fig)
+    save(fig, "throughput_table.png")
 
     fig, axes = plt.subplots(len(keys), 1, figsize=(11, 2.8 * len(keys)), squeeze=False)
     by = {(r["workload"], r["rate"], r["config"]): r for r in rows}
@@ -390,10 +377,7 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
         ax.set_title(f"{key[0]} at {key[1]}", fontsize=9)
     axes[0, 0].legend(fontsize=6, ncol=3)
     axes[-1, 0].set_xlabel("training seconds")
-    fig.tight_layout()
-    made.append(os.path.join(out, "accuracy_vs_time.png"))
-    fig.savefig(made[-1], dpi=90)
-    plt.close(fig)
+    save(fig, "accuracy_vs_time.png")
     return made
 
 
