@@ -42,13 +42,13 @@ import argparse
 import csv
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from typing import Dict, List, Optional
 
 from horovod_gravac.harness import runlog
+from horovod_gravac.harness.demo import wait_or_stop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = "ngram-pydoc-chars"
@@ -92,17 +92,7 @@ def launch(name: str, flags: List[str], run_dir: str, seed: int, steps: Optional
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"))
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGTERM)    # this job's own process group only
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        timed_out = wait_or_stop(proc, timeout)
     seconds = time.perf_counter() - t0
     ok = proc.returncode == 0 and not timed_out and runlog.is_finished(run_dir)
     status = "ok" if ok else ("timed out" if timed_out else f"failed (exit {proc.returncode})")

@@ -88,6 +88,22 @@ def find_horovodrun() -> str:
     return found
 
 
+def wait_or_stop(proc: subprocess.Popen, timeout: float, grace: float = 10.0) -> bool:
+    """Wait for a job started with ``start_new_session=True``; past ``timeout`` seconds send
+    its process group SIGTERM, then SIGKILL after ``grace``.  True if it timed out."""
+    try:
+        proc.wait(timeout=timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)   # the job's own process group only
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return True
+
+
 def run_one(name: str, preset: str, flags: List[str], run_dir: str, steps: Optional[int], timeout: float,
             np_: int, quiet: bool) -> Dict:
     """Launch one 2-rank training; stream rank 0's progress; kill the job on timeout."""
@@ -112,17 +128,7 @@ def run_one(name: str, preset: str, flags: List[str], run_dir: str, steps: Optio
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGTERM)   # the job's own process group only
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        timed_out = wait_or_stop(proc, timeout)
         reader.join(timeout=10)
     seconds = time.perf_counter() - t0
     ok = proc.returncode == 0 and not timed_out and is_finished(run_dir)
