@@ -440,7 +440,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             if all(paths.values()):
                 ms = {f"{n}_ms": 1000 * median_step(r) for n, r in paths.items()}
                 vals = list(ms.values())
-                path_rows.append({"workload": w, "rate": rate, **ms, "spread": max(vals) / min(vals) - 1})
+                comm = {f"{n}_comm_ms": 1000 * statistics.median(st["comm_time"] for st in r["steps"][WARMUP:])
+                        for n, r in paths.items()}
+                path_rows.append({"workload": w, "rate": rate, **ms, "spread": max(vals) / min(vals) - 1, **comm})
                 steps = paths["static"]["steps"][WARMUP:]
                 shares[(w, rate)] = statistics.median(s["comm_time"] / s["iter_time"] for s in steps
                                                       if s.get("comm_time") is not None)
@@ -480,9 +482,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                   fmt(r["step_ms"], ".0f")] for r in sorted(sel, key=lambda r: r["config"])]))
             md.append("")
     md += ["## Same payload, three paths (Top-k 10x, median ms per step)", "",
-           md_table(["workload", "rate", "static", "Accordion pinned", "GraVAC pinned", "spread"],
+           md_table(["workload", "rate", "static", "Accordion pinned", "GraVAC pinned", "spread",
+                     "comm wait: static / Accordion / GraVAC"],
                     [[p["workload"], p["rate"], fmt(p["static_ms"], ".0f"), fmt(p["accordion-pinned_ms"], ".0f"),
-                      fmt(p["gravac-pinned_ms"], ".0f"), f"{100 * p['spread']:.0f} %"] for p in path_rows]), "",
+                      fmt(p["gravac-pinned_ms"], ".0f"), f"{100 * p['spread']:.0f} %",
+                      " / ".join(fmt(p[f"{n}_comm_ms"], ".0f") for n in PATHS)] for p in path_rows]), "",
            f"## Goals, for `{args.judge}`", "",
            md_table(["goal", "workload", "rate", "measured", "result"],
                     [[c["goal"], c["workload"], c["rate"], c["measured"], "PASS" if c["pass"] else "FAIL"]
