@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 __all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "redsync_search",
-           "exceedance_moments", "SLACK"]
+           "exceedance_moments", "scatter", "SLACK"]
 
 # Extra slots every output buffer needs after its capacity (whole-vector stores).
 SLACK = 16
@@ -59,6 +59,8 @@ def _load() -> Optional[ctypes.CDLL]:
                                        ctypes.c_double, ctypes.c_int, _p]
             lib.hg_exceedance_moments.restype = None
             lib.hg_exceedance_moments.argtypes = [_p, _i64, ctypes.c_float, ctypes.c_int, _p]
+            lib.hg_scatter.restype = ctypes.c_int
+            lib.hg_scatter.argtypes = [_p, _i64, _p, _p, _i64]
             lib.hg_simd_level.restype = ctypes.c_int
             lib.hg_simd_level.argtypes = [ctypes.c_int]
             return lib
@@ -107,29 +109,33 @@ def usable(x: np.ndarray) -> bool:
             and x.size <= _INT32_MAX)
 
 
-def select(x: np.ndarray, threshold, strict: bool, expected: int) -> Tuple[np.ndarray, np.ndarray]:
+def select(x: np.ndarray, threshold, strict: bool, expected: int,
+           likely: Optional[float] = None) -> Tuple[np.ndarray, np.ndarray]:
     """The entries of ``x`` with ``|x| >= threshold`` (``> threshold`` when ``strict``; NaN
     passes), in ascending index order: ``(idx, val)``, int32 indices and the signed
     float32 values.  ``x`` must pass :func:`usable`.
 
     ``expected``: how many to make room for; when more pass, the pass is repeated once
-    with exactly enough room (the first pass counted them).
+    with exactly enough room (the first pass counted them).  ``likely``: the count the
+    caller actually expects (``expected`` is usually that plus a safety margin); it picks
+    the faster loop for the density and changes nothing else.
     """
-    count, idx, val = select_into(x, threshold, strict, expected)
+    count, idx, val = select_into(x, threshold, strict, expected, likely)
     if count > idx.size:
-        count, idx, val = select_into(x, threshold, strict, count)
+        count, idx, val = select_into(x, threshold, strict, count, count)
     return idx, val
 
 
-def select_into(x: np.ndarray, threshold, strict: bool, cap: int) -> Tuple[int, np.ndarray, np.ndarray]:
+def select_into(x: np.ndarray, threshold, strict: bool, cap: int,
+                likely: Optional[float] = None) -> Tuple[int, np.ndarray, np.ndarray]:
     """One pass of :func:`select` with room for ``cap`` entries: ``(count, idx, val)``, where
     ``idx`` and ``val`` hold the first ``min(count, cap)`` of the ``count`` that pass."""
     cap = max(0, min(int(cap), x.size))
     idx = _aligned_empty(cap + SLACK, np.int32)
     val = _aligned_empty(cap + SLACK, np.float32)
+    density = (cap if likely is None else float(likely)) / max(1, x.size)
     count = _LIB.hg_select(x.ctypes.data, x.size, float(threshold), int(bool(strict)),
-                           cap / max(1, x.size), idx.ctypes.data, val.ctypes.data, cap,
-                           int(_MODE == "auto"))
+                           density, idx.ctypes.data, val.ctypes.data, cap, int(_MODE == "auto"))
     kept = min(count, cap)
     return count, idx[:kept], val[:kept]
 
@@ -186,3 +192,11 @@ def exceedance_moments(x: np.ndarray, threshold, squares: bool = True) -> Tuple[
     out = np.zeros(3, dtype=np.float64)
     _LIB.hg_exceedance_moments(x.ctypes.data, x.size, float(threshold), int(bool(squares)), out.ctypes.data)
     return float(out[0]), float(out[1]), float(out[2])
+
+
+def scatter(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
+    """``out[:] = 0; out[idx] = val`` for a contiguous 1-D float32 ``out``, int32 ``idx`` and
+    float32 ``val`` (both contiguous, same length).  IndexError when an index is outside
+    ``out`` (nothing written past it; ``out`` is left zeroed)."""
+    if _LIB.hg_scatter(out.ctypes.data, out.size, idx.ctypes.data, val.ctypes.data, idx.size) != 0:
+        raise IndexError(f"sparse payload index out of range for a tensor of {out.size} entries")

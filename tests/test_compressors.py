@@ -210,3 +210,25 @@ def test_randomk_without_seed_draws_differently_per_instance():
     a, b = RandomKCompressor(cf=50, seed=None), RandomKCompressor(cf=50, seed=None)
     assert not a.shared_indices
     assert not torch.equal(a.compress(t)[0].indices, b.compress(t)[0].indices)
+
+
+def test_decompress_native_and_torch_paths_agree_and_reject_bad_indices():
+    # float32 on the CPU writes with the native scatter; other dtypes with index_put_.
+    from horovod_gravac import native
+    from horovod_gravac.compressors import TopKCompressor
+    from horovod_gravac.compressors.base import SparsePayload
+    comp = TopKCompressor(10)
+    t = torch.randn(50_000)
+    payload, ctx = comp.compress(t)
+    out = torch.full_like(t, 7.0)
+    got = comp.decompress(payload, ctx, out=out)
+    previous = native.use("off")
+    try:
+        want = comp.decompress(payload, ctx)
+    finally:
+        native.use(previous)
+    assert got.data_ptr() == out.data_ptr() and torch.equal(got, want)
+    assert torch.equal(comp.decompress(payload, ctx), want)                      # fresh output
+    bad = SparsePayload(payload.values[:2].clone(), torch.tensor([0, 50_000], dtype=torch.int32))
+    with pytest.raises(IndexError):
+        comp.decompress(bad, ctx)

@@ -180,3 +180,24 @@ def test_benchmark_sweep_reports_every_size_cf_and_compressor(tmp_path):
     assert len(multi) == 2 * 4
     text = open(str(out) + ".txt").read()
     assert "Table 0: size sweep" in text and "target(s) failed" in text
+
+
+@pytest.mark.parametrize("distribution", ["exponential", "gpareto", "gamma"])
+@pytest.mark.parametrize("moments", [(15.0, 870.0, 54130.0), (1000.0, 800.0, 2000.0)])
+def test_fitted_excess_at_density_one_is_zero(distribution, moments):
+    # Density 1 asks for every excess; the gamma quantile's Newton steps alone stopped at
+    # 3.56 for the first moments, which dropped the smallest entries of a sparse tensor.
+    assert fitted_excess_host(distribution, moments, 1.0) == 0.0
+    assert float(fitted_excess(distribution, torch.tensor(moments, dtype=torch.float64),
+                               torch.tensor(1.0, dtype=torch.float64))) == 0.0
+
+
+def test_host_sample_is_stratified_for_every_seed_and_covers_each_stratum_uniformly():
+    # One random draw per call: each stratum's position is still uniform over the stratum.
+    n, s = 64_000, 1000
+    x = np.arange(n, dtype=np.float32)
+    d = n // s
+    offsets = np.stack([host_abs_sample(x, s, torch.Generator().manual_seed(seed)) for seed in range(400)])
+    assert np.array_equal(offsets.astype(np.int64) // d, np.broadcast_to(np.arange(s), offsets.shape))
+    counts = np.bincount((offsets[:, 7] - 7 * d).astype(np.int64), minlength=d)   # stratum 7 over seeds
+    assert counts.min() >= 1 and counts.max() <= 20          # 400 draws over 64 slots: ~6 each

@@ -75,9 +75,12 @@ def test_usable_only_for_contiguous_float32():
 @pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 31, 33, 1000, 100_003])
 @pytest.mark.parametrize("t,strict", [(0.0, True), (0.0, False), (1e-41, False), (0.7, False),
                                       (2.5, False), (np.inf, False), (np.nan, False)])
-def test_select_matches_its_contract(path, n, t, strict):
+@pytest.mark.parametrize("likely", [None, 0.0], ids=["dense-loop", "sparse-loop"])
+def test_select_matches_its_contract(path, n, t, strict, likely):
+    # likely=None: the density hint is the buffer (all of x: the loop that stores every
+    # step); likely=0: the loop that skips blocks without survivors.  Same output.
     x = awkward(n, seed=n)
-    count, idx, val = native.select_into(x, t, strict, cap=n)
+    count, idx, val = native.select_into(x, t, strict, cap=n, likely=likely)
     want = want_select(x, np.float32(t), strict) if not np.isnan(t) else np.flatnonzero(np.isnan(x))
     assert count == want.size
     assert idx.dtype == np.int32 and val.dtype == np.float32
@@ -86,10 +89,11 @@ def test_select_matches_its_contract(path, n, t, strict):
 
 
 @pytest.mark.parametrize("cap", [0, 1, 16, 40, 999])
-def test_select_with_a_small_buffer_counts_all_and_keeps_the_first(path, cap):
+@pytest.mark.parametrize("likely", [None, 0.0], ids=["dense-loop", "sparse-loop"])
+def test_select_with_a_small_buffer_counts_all_and_keeps_the_first(path, cap, likely):
     x = awkward(5000, seed=3)
     want = want_select(x, np.float32(0.5), False)
-    count, idx, val = native.select_into(x, 0.5, False, cap)
+    count, idx, val = native.select_into(x, 0.5, False, cap, likely=likely)
     assert count == want.size > cap
     assert np.array_equal(idx, want[:cap]) and np.array_equal(val.view(np.uint32), x[want[:cap]].view(np.uint32))
     # select() makes room for all of them when its estimate was short
@@ -191,3 +195,25 @@ def test_an_unknown_switch_value_is_an_error_naming_the_variable():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "HOROVOD_GRAVAC_NATIVE must be one of" in proc.stderr and "'yes'" in proc.stderr
+
+
+# -- scatter (decompress) ---------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [0, 1, 17, 5000])
+def test_scatter_zeroes_then_writes(k):
+    rng = np.random.default_rng(k)
+    out = rng.standard_normal(20_000).astype(np.float32)     # stale content must go
+    idx = rng.choice(20_000, size=k, replace=False).astype(np.int32)
+    val = rng.standard_normal(k).astype(np.float32)
+    native.scatter(out, idx, val)
+    want = np.zeros(20_000, dtype=np.float32)
+    want[idx] = val
+    assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("bad", [-1, 20_000, np.iinfo(np.int32).max])
+def test_scatter_rejects_an_index_outside_the_tensor(bad):
+    out = np.ones(20_000, dtype=np.float32)
+    idx = np.array([3, bad, 7], dtype=np.int32)
+    with pytest.raises(IndexError, match="out of range"):
+        native.scatter(out, idx, np.ones(3, dtype=np.float32))
+    assert out[0] == 1.0     # nothing written: the check comes first

@@ -127,13 +127,17 @@ HG_AVX512 static int64_t select_avx512(const float *x, int64_t n, int64_t start,
     return c;
 }
 
-/* AVX2 (x86 without AVX-512, e.g. AMD Zen 2/3), 8 entries per step, unaligned loads:
+/* AVX2 (x86 without AVX-512, e.g. AMD Zen), 8 entries per step, unaligned loads:
  * survivors are packed to the front of the register by a permutation looked up from the
  * 8-bit compare mask, and stored as a whole vector (lanes past the survivors are
  * overwritten by the next store).  The portable C loop cannot be vectorised by the
  * compiler (the output position depends on the previous step) and costs 3-4x more at
  * CF 10.  Magnitude keys are below 2^31, so the signed compare orders them; >= t is
- * > t - 1 (for t = 0 that is > -1: everything).  `dense` as for AVX-512. */
+ * > t - 1 (for t = 0 that is > -1: everything).  `dense` (expected density above 4 %):
+ * store every step; otherwise skip blocks of 32 without survivors.  On a Zen 1 core, 1M
+ * entries in cache: dense 0.40 ms at any density, blocks 0.14 / 0.31 / 0.42 ms at
+ * 0.1 / 1 / 10 %, a loop with one branch per 8 entries 0.15 / 0.27 / 0.89 ms (a
+ * t.abs().max() without its allocation: 0.08 ms). */
 #define HG_AVX2 __attribute__((target("avx2,popcnt")))
 static int32_t hg_lut[256][8] __attribute__((aligned(32)));
 
@@ -154,26 +158,50 @@ HG_AVX2 static int64_t select_avx2(const float *x, int64_t n, int64_t start, uin
     const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
     const __m256i t = _mm256_set1_epi32((int)(strict ? tkey : tkey - 1u));
     const __m256i eight = _mm256_set1_epi32(8);
-    __m256i iv = _mm256_add_epi32(_mm256_set1_epi32((int)start), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     int64_t c = 0, i = start;
-#define HG_STEP8(TEST)                                                                              \
+#define HG_CMP8(V) _mm256_cmpgt_epi32(_mm256_and_si256((V), abs_mask), t)
+#define HG_MASK8(G) ((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(G)))
+#define HG_EMIT8(V, IV, M)                                                                          \
     {                                                                                               \
-        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(x + i));                    \
-        __m256i gt = _mm256_cmpgt_epi32(_mm256_and_si256(v, abs_mask), t);                          \
-        unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(gt));                         \
-        if (TEST) {                                                                                 \
-            __m256i perm = _mm256_load_si256((const __m256i *)(const void *)hg_lut[m]);            \
-            _mm256_storeu_si256((__m256i *)(void *)(val + c), _mm256_permutevar8x32_epi32(v, perm)); \
-            _mm256_storeu_si256((__m256i *)(void *)(idx + c), _mm256_permutevar8x32_epi32(iv, perm)); \
-            c += __builtin_popcount(m);                                                             \
-        }                                                                                           \
-        iv = _mm256_add_epi32(iv, eight);                                                           \
+        __m256i perm = _mm256_load_si256((const __m256i *)(const void *)hg_lut[(M)]);              \
+        _mm256_storeu_si256((__m256i *)(void *)(val + c), _mm256_permutevar8x32_epi32((V), perm)); \
+        _mm256_storeu_si256((__m256i *)(void *)(idx + c), _mm256_permutevar8x32_epi32((IV), perm)); \
+        c += __builtin_popcount(M);                                                                 \
     }
-    if (dense)
-        for (; i + 8 <= n && c + 8 <= cap; i += 8) HG_STEP8(1)
-    else
-        for (; i + 8 <= n && c + 8 <= cap; i += 8) HG_STEP8(m)
-#undef HG_STEP8
+    if (dense) {
+        __m256i iv = _mm256_add_epi32(_mm256_set1_epi32((int)start), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for (; i + 8 <= n && c + 8 <= cap; i += 8) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(x + i));
+            unsigned m = HG_MASK8(HG_CMP8(v));
+            HG_EMIT8(v, iv, m)
+            iv = _mm256_add_epi32(iv, eight);
+        }
+    } else {
+        /* Blocks of 32: one branch per block on the OR of four compares, so a block
+         * without survivors costs four loads and compares (most blocks at high CFs),
+         * and the branch is mispredicted at most once per 32 entries rather than per 8. */
+        for (; i + 32 <= n && c + 32 <= cap; i += 32) {
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)(const void *)(x + i));
+            __m256i v1 = _mm256_loadu_si256((const __m256i *)(const void *)(x + i + 8));
+            __m256i v2 = _mm256_loadu_si256((const __m256i *)(const void *)(x + i + 16));
+            __m256i v3 = _mm256_loadu_si256((const __m256i *)(const void *)(x + i + 24));
+            __m256i g0 = HG_CMP8(v0), g1 = HG_CMP8(v1), g2 = HG_CMP8(v2), g3 = HG_CMP8(v3);
+            __m256i any = _mm256_or_si256(_mm256_or_si256(g0, g1), _mm256_or_si256(g2, g3));
+            if (_mm256_testz_si256(any, any)) continue;
+            __m256i iv = _mm256_add_epi32(_mm256_set1_epi32((int)i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            unsigned m0 = HG_MASK8(g0), m1 = HG_MASK8(g1), m2 = HG_MASK8(g2), m3 = HG_MASK8(g3);
+            HG_EMIT8(v0, iv, m0)
+            iv = _mm256_add_epi32(iv, eight);
+            HG_EMIT8(v1, iv, m1)
+            iv = _mm256_add_epi32(iv, eight);
+            HG_EMIT8(v2, iv, m2)
+            iv = _mm256_add_epi32(iv, eight);
+            HG_EMIT8(v3, iv, m3)
+        }
+    }
+#undef HG_CMP8
+#undef HG_MASK8
+#undef HG_EMIT8
     *stopped = i;
     return c;
 }
@@ -232,7 +260,7 @@ int64_t hg_select(const float *x, int64_t n, float t, int strict, double density
             c += select_avx512(x, n, head, tkey, strict, density > 0.02, idx + c, val + c, room, &start);
         }
     } else if (hg_simd_level(allow_simd) == 3) {
-        c = select_avx2(x, n, 0, tkey, strict, density > 0.02, idx, val, cap, &start);
+        c = select_avx2(x, n, 0, tkey, strict, density > 0.04, idx, val, cap, &start);
     }
 #endif
     (void)density;
@@ -242,6 +270,20 @@ int64_t hg_select(const float *x, int64_t n, float t, int strict, double density
                     : select_portable_ge(x, n, start, tkey, idx + c, val + c, room);
     }
     return c;
+}
+
+/* -- scatter: the dense tensor of a sparse payload ------------------------------------ */
+
+/* out[0:n] = 0, then out[idx[j]] = val[j] for j < k.  Returns 0, or -1 (out untouched
+ * after the zeroing) when an index is outside [0, n): a payload that does not belong to
+ * this tensor must not write past it.  torch's index_put_ costs about 10 ns per entry on
+ * one core (1.2 ms for 100k entries); this loop about 1. */
+int hg_scatter(float *out, int64_t n, const int32_t *idx, const float *val, int64_t k) {
+    for (int64_t j = 0; j < k; j++)
+        if (idx[j] < 0 || (int64_t)idx[j] >= n) return -1;
+    memset(out, 0, (size_t)n * sizeof(float));
+    for (int64_t j = 0; j < k; j++) out[idx[j]] = val[j];
+    return 0;
 }
 
 /* -- drop: keep the k largest of c candidates ----------------------------------------- */

@@ -197,10 +197,10 @@ class RedSyncCompressor(ThresholdCompressor):
             self.last_steps = steps
             lo, hi = redsync_search(torch.from_numpy(sample), hits, torch.tensor(floor), torch.tensor(ceil),
                                     steps, self.tolerance)
-            return native.select(x, max(float(lo), float(TINY)), False, int(k * 1.25) + 64)
+            return native.select(x, max(float(lo), float(TINY)), False, int(k * 1.25) + 64, k)
         expected = int(math.ceil((hits + spread + 6.0 * math.sqrt(hits + spread) + 16.0) * n / s)) \
             if s < n else k + 64
-        idx, val = native.select(x, floor, False, expected)
+        idx, val = native.select(x, floor, False, expected, (hits + spread) * n / s if s < n else k)
         if idx.size <= many:
             self.last_steps = 0
             return idx, val

@@ -16,7 +16,8 @@ at the k-th magnitude the lowest flat indices are kept.  Up to ``_TINY`` entries
 
 CPU path (on the tensor's own memory; float16/bfloat16 are widened first):
 
-1. sample: ``|x|`` at ``s`` uniform random positions, ``s = (k n)^(1/3)`` clamped to
+1. sample: ``|x|`` at ``s`` stratified random positions (``dgc.host_abs_sample``: one
+   position per stratum, all from one random draw), ``s = (k n)^(1/3)`` clamped to
    ``[2048, 65536]`` (a larger sample costs random memory reads, a smaller one excess
    candidates; the optimum is flat); up to ``_SMALL`` entries ``T`` is instead the
    exact k-th magnitude (``np.partition``);
@@ -61,7 +62,7 @@ import torch
 
 from .. import native
 from .base import SparseCompressor, SparsePayload
-from .dgc import DeviceGenerators
+from .dgc import DeviceGenerators, host_abs_sample
 
 # CPU: up to _TINY entries a plain torch.topk; up to _SMALL the threshold is the exact
 # k-th magnitude (no sampling).
@@ -231,13 +232,14 @@ def _select_with_threshold(x: np.ndarray, k: int, threshold, upper=None) -> Opti
     return _drop_smallest(idx, vals, k, upper(idx.size - k) if upper is not None else None)
 
 
-def _select_native(x: np.ndarray, k: int, threshold, expected: int, lower=None):
+def _select_native(x: np.ndarray, k: int, threshold, expected: int, lower=None, likely=None):
     """``_select_with_threshold`` by the native kernels, values included: ``(idx, vals)``
     or None.  ``expected``: the expected candidate count (room made for it, see
     ``native.select``); ``lower``: a magnitude expected above the ``c - k`` smallest
-    candidates, so that the drop searches only the candidates below it."""
+    candidates, so that the drop searches only the candidates below it; ``likely``: the
+    candidate count actually expected (picks the select loop)."""
     strict = threshold <= 0   # zero threshold: the candidates are the nonzeros (and NaNs)
-    idx, vals = native.select(x, threshold, strict, expected)
+    idx, vals = native.select(x, threshold, strict, expected, likely)
     count = idx.size
     if count < k:
         if not strict:
@@ -251,7 +253,7 @@ def _select_exact(x: np.ndarray, k: int, fast: bool) -> Tuple[np.ndarray, Option
     """Top-k with the exact k-th magnitude as threshold (no sample)."""
     kth = _kth_largest(np.abs(x), k)
     if fast:
-        return _select_native(x, k, kth, x.size)
+        return _select_native(x, k, kth, x.size, likely=k)
     return _select_with_threshold(x, k, kth), None
 
 
@@ -262,8 +264,7 @@ def _topk_numpy(x: np.ndarray, k: int, generator) -> Tuple[np.ndarray, Optional[
     if n <= _SMALL:
         return _select_exact(x, k, fast)
     s = sample_size(n, k)
-    pos = torch.randint(n, (s,), generator=generator()).numpy()
-    sample = np.abs(x[pos])
+    sample = host_abs_sample(x, s, generator())   # stratified; one random draw per call
     hits = s * k / n                          # sampled entries expected above the k-th magnitude
     for sigmas in _SIGMAS:
         rank = _rank(s, hits, sigmas)
@@ -274,7 +275,8 @@ def _topk_numpy(x: np.ndarray, k: int, generator) -> Tuple[np.ndarray, Optional[
             # The k-th magnitude lies above the sample's (hits - 4 sd)-th largest: the
             # candidates below that hold the ones to drop.
             r = int(hits - 4.0 * math.sqrt(hits) - 2.0)
-            out = _select_native(x, k, threshold, expected, _kth_largest(sample, r) if r >= 1 else None)
+            out = _select_native(x, k, threshold, expected, _kth_largest(sample, r) if r >= 1 else None,
+                                 likely=rank * n / s)
         else:
             def upper(e, rank=rank):
                 # Sampled entries expected between T and the e-th smallest candidate, plus a margin.
