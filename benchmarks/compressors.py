@@ -450,6 +450,38 @@ def run_sweep(args, rows) -> int:
     return failures
 
 
+def sweep_markdown(rows) -> str:
+    """The size sweep as the README's two Markdown tables (compress alone; compress +
+    decompress into a reused buffer): per size (largest bucket first, 25M last) and
+    compressor, CF 10 / 100 / 1000 as the ratio to exact Top-k with the ratio to the pass
+    in brackets (Top-k: the pass ratio only)."""
+    sweep = [r for r in rows if r["table"] == "sweep"]
+    if not sweep:
+        return ""
+    names = list(dict.fromkeys(r["compressor"] for r in sweep))
+    sizes = sorted({r["numel"] for r in sweep}, key=lambda n: (n > 6_553_600, -n))
+    cell = {(r["numel"], r["compressor"], r["cf"]): r for r in sweep}
+    cfs = sorted({r["cf"] for r in sweep})
+    out = []
+    for title, per_pass, per_topk in (("Compress alone", "compress_per_pass", "compress_per_topk"),
+                                      ("Compress + decompress into a reused buffer", "cd_per_pass", "cd_per_topk")):
+        out.append(f"{title}:\n")
+        out.append("| entries | pass ms | " + " | ".join(names) + " |")
+        out.append("|---|---|" + "---|" * len(names))
+        for n in sizes:
+            parts = []
+            for name in names:
+                got = [cell.get((n, name, cf)) for cf in cfs]
+                if name == "topk":
+                    parts.append(" / ".join(f"({r[per_pass]:.2f})" for r in got if r))
+                else:
+                    parts.append(" / ".join(f"{r[per_topk]:.2f} ({r[per_pass]:.2f})" for r in got if r))
+            stream = cell[(n, names[0], cfs[0])]["stream_ms"]
+            out.append(f"| {n:,} | {stream:.2f} | " + " | ".join(parts) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 class Tee:
     """Write to stdout and to a file."""
 
@@ -540,6 +572,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         failures += run_sweep(args, rows)
         print(f"# size sweep: {time.perf_counter() - t0:.0f} s")
+        print("\n# the sweep as the README quotes it (ratio to exact Top-k, to the pass in brackets)\n")
+        print(sweep_markdown(rows))
     if not cpu_tables:
         return finish(args, rows, failures)
     print(f"\n# tables 1-3: {args.numel:,} float32 entries; ratio = (compress + decompress) / streaming pass "
