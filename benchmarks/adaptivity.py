@@ -252,10 +252,11 @@ def goals(rows: List[dict], paths: List[dict], shares: Dict[Tuple[str, str], Opt
     """The issue's goals, judged for one GraVAC configuration (the default recommendation)."""
     out = []
     for p in paths:
+        # Judged by the step period, which counts the ranks' wait for each other wherever it falls.
         out.append({"goal": "same speed for the same payload (within 10 %)", "workload": p["workload"],
-                    "rate": p["rate"], "measured": f"static {p['static_ms']:.0f} ms, Accordion "
-                    f"{p['accordion-pinned_ms']:.0f} ms, GraVAC {p['gravac-pinned_ms']:.0f} ms per step",
-                    "pass": p["spread"] <= 0.10})
+                    "rate": p["rate"], "measured": f"static {p['static_period_ms']:.0f} ms, Accordion "
+                    f"{p['accordion-pinned_period_ms']:.0f} ms, GraVAC {p['gravac-pinned_period_ms']:.0f} ms per step",
+                    "pass": p["period_spread"] <= 0.10})
     by = {(r["workload"], r["rate"], r["config"]): r for r in rows}
     for (w, rate), share in shares.items():
         g = by.get((w, rate, gravac))
@@ -442,7 +443,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 vals = list(ms.values())
                 comm = {f"{n}_comm_ms": 1000 * statistics.median(st["comm_time"] for st in r["steps"][WARMUP:])
                         for n, r in paths.items()}
-                path_rows.append({"workload": w, "rate": rate, **ms, "spread": max(vals) / min(vals) - 1, **comm})
+                # The optimizer's own step_time: the time between the ends of two steps, wherever
+                # the ranks waited for each other (runs timed before the harness counted the wait
+                # for the decision broadcast in iter_time show the difference here).
+                period = {f"{n}_period_ms": 1000 * statistics.median(st["step_time"] for st in r["steps"][WARMUP:])
+                          for n, r in paths.items()}
+                path_rows.append({"workload": w, "rate": rate, **ms, "spread": max(vals) / min(vals) - 1, **comm,
+                                  **period, "period_spread": max(period.values()) / min(period.values()) - 1})
                 steps = paths["static"]["steps"][WARMUP:]
                 shares[(w, rate)] = statistics.median(s["comm_time"] / s["iter_time"] for s in steps
                                                       if s.get("comm_time") is not None)
@@ -483,10 +490,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             md.append("")
     md += ["## Same payload, three paths (Top-k 10x, median ms per step)", "",
            md_table(["workload", "rate", "static", "Accordion pinned", "GraVAC pinned", "spread",
-                     "comm wait: static / Accordion / GraVAC"],
+                     "comm wait: static / Accordion / GraVAC", "step period: static / Accordion / GraVAC"],
                     [[p["workload"], p["rate"], fmt(p["static_ms"], ".0f"), fmt(p["accordion-pinned_ms"], ".0f"),
                       fmt(p["gravac-pinned_ms"], ".0f"), f"{100 * p['spread']:.0f} %",
-                      " / ".join(fmt(p[f"{n}_comm_ms"], ".0f") for n in PATHS)] for p in path_rows]), "",
+                      " / ".join(fmt(p[f"{n}_comm_ms"], ".0f") for n in PATHS),
+                      " / ".join(fmt(p[f"{n}_period_ms"], ".0f") for n in PATHS)] for p in path_rows]), "",
            f"## Goals, for `{args.judge}`", "",
            md_table(["goal", "workload", "rate", "measured", "result"],
                     [[c["goal"], c["workload"], c["rate"], c["measured"], "PASS" if c["pass"] else "FAIL"]

@@ -81,6 +81,33 @@ def test_missing_dataset_is_a_clear_error_not_a_traceback(tmp_path):
     assert "data_batch_1" in proc.stderr and "missing" in proc.stderr and "Traceback" not in proc.stderr
 
 
+_SLOW_STATS = """
+import sys, time
+import horovod_gravac.optimizer as O
+from horovod_gravac.harness import train
+stats = O._GravacDistributedOptimizer.stats
+def slow(self):   # stands in for the wait for an adaptive controller's decision broadcast
+    time.sleep(0.05)
+    return stats.fget(self)
+O._GravacDistributedOptimizer.stats = property(slow)
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_iter_time_includes_the_wait_in_opt_stats(tmp_path):
+    """Reading opt.stats waits for GraVAC's/Accordion's decision broadcast (the slowest rank's
+    end of the step): that wait is part of the iteration, or the adaptive paths look faster
+    than a static CF that sends the same payload."""
+    pytest.importorskip("horovod.torch")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", _SLOW_STATS, "--preset", "digits", "--controller", "static",
+                           "--cf", "10", "--steps", "3", "--eval-every", "100", "--threads", "1",
+                           "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert all(s["iter_time"] >= 0.05 for s in load_run(str(out)).steps)
+
+
 # --------------------------------------------------------------------------- 2 ranks
 def launch(out_dir, *flags, timeout=240):
     cmd = horovodrun_cmd(2, [sys.executable, "-m", "horovod_gravac.harness.train",

@@ -14,6 +14,10 @@ progress line (loss, CF, throughput) and writes the run directory ``--out``
 (``config.json``, ``steps.jsonl``, ``eval.jsonl``, ``summary.json``; the format and its
 reader are in :mod:`horovod_gravac.harness.runlog`).
 
+An iteration's time (``iter_time``) runs from fetching the batch to having the step's
+``opt.stats``: for GraVAC and Accordion that includes the wait for rank 0's decision
+broadcast, which ends when the slowest rank has finished the step (a static CF's ranks
+wait for each other in the next step's collective instead, also inside an iteration).
 The loader fraction is the time spent producing batches (index into in-memory
 tensors, normalise, augment) divided by the whole iteration time.
 """
@@ -485,10 +489,14 @@ def train(args) -> dict:
         opt.zero_grad()
         loss.backward()
         _clip_and_step(opt, model, args.clip_norm)
+        # Reading opt.stats waits for an adaptive controller's decision broadcast, and so
+        # for the slowest rank to finish its step: that wait belongs to the iteration.
+        # Stopped before it, the adaptive paths would look faster than a static CF with
+        # the same payload, whose ranks wait for each other inside the next step instead.
+        stats = dict(opt.stats)
         t_iter = time.perf_counter() - it0
         loss_value = loss.item()
 
-        stats = dict(opt.stats)
         totals["floats_sent"] += float(stats.get("floats_sent") or 0.0)
         totals["dense_floats"] += float(stats.get("dense_floats") or 0.0)
         totals["bytes_sent"] += float(stats.get("bytes_sent") or 0.0)
