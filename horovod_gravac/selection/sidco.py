@@ -156,7 +156,7 @@ class SIDCoSelector(ThresholdSelector):
         s = min(n, _FIRST_SAMPLE)
         sample = stratified_abs_sample(flat, s, self._generators(dev))
         base = sample.amin().double()                         # 0 when zeros are present
-        moments = excess_moments(sample, base, squares)      # zeros and the minimum left out
+        moments = excess_moments(sample, base, squares)       # zeros and the minimum left out
         scale = n / s
         stage = 1
         density = (plan[0] / (moments[0] * scale).clamp(min=1.0)).clamp(max=1.0)
