@@ -10,16 +10,24 @@ from .policy import Exponential, Geometric
 __version__ = "0.1.0"
 
 
+# What ``horovod_gravac.compressors`` exports (its ``__all__``), reachable from here too.
+_COMPRESSORS = {"GradientCompressor", "SparseCompressor", "SparseContext", "SparsePayload", "check_cf",
+                "kept_count", "DGCCompressor", "PowerSGDCompressor", "RandomKCompressor", "RedSyncCompressor",
+                "SIDCoCompressor", "TopKCompressor"}
+
+
 def __getattr__(name):
     # Lazy: the optimizer and the compressors (Horovod Compressor classes) import Horovod;
-    # the controllers, gain, throughput and policies do not, and import without it.
+    # the controllers, gain, throughput, policies, wire format and selection logic
+    # (``horovod_gravac.selection``) do not, and import without it.  Only the names above
+    # load the compressors: ``from horovod_gravac import native`` in a pure module must
+    # import that submodule, not Horovod.
     if name == "DistributedOptimizer":
         from .optimizer import DistributedOptimizer
         return DistributedOptimizer
-    import importlib
-    compressors = importlib.import_module(".compressors", __name__)
-    if hasattr(compressors, name):
-        return getattr(compressors, name)
+    if name in _COMPRESSORS:
+        import importlib
+        return getattr(importlib.import_module(".compressors", __name__), name)
     raise AttributeError(f"module 'horovod_gravac' has no attribute {name!r}")
 
 

@@ -172,7 +172,7 @@ def redsync_search(idx: np.ndarray, val: np.ndarray, lo, ceil, few: float, many:
                    steps: int) -> Tuple[np.ndarray, np.ndarray, float]:
     """RedSync's binary search over candidates (``idx``/``val`` from :func:`select`), in place.
 
-    The search of ``horovod_gravac.compressors.redsync.redsync_search`` on the magnitudes
+    The search of ``horovod_gravac.selection.redsync.redsync_search`` on the magnitudes
     ``|val|`` from ``[lo, min(max |val|, ceil)]`` (up to ``max |val|`` when more than
     ``many`` lie above ``ceil``), at most ``steps`` steps, stopping once the count is in
     ``[few, many]``; then the candidates with ``|val| >`` the threshold are compacted to

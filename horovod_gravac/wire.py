@@ -36,7 +36,7 @@ from typing import List, Optional
 
 import torch
 
-from .compressors.base import SparsePayload
+from .selection.payload import SparsePayload
 
 
 @dataclass(frozen=True)

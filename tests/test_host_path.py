@@ -14,7 +14,7 @@ import torch
 
 from horovod_gravac import native
 from horovod_gravac.compressors import DGCCompressor, RedSyncCompressor, SIDCoCompressor, kept_count
-from horovod_gravac.compressors import dgc as dgc_mod
+from horovod_gravac.selection import kernels
 from horovod_gravac.compressors.dgc import exceedance_moments, host_abs_sample
 from horovod_gravac.compressors.redsync import redsync_search
 from horovod_gravac.compressors.sidco import (fitted_excess, fitted_excess_host, gamma_upper_quantile,
@@ -149,11 +149,11 @@ def test_compressors_take_the_host_path_for_cpu_float32(native_on, monkeypatch, 
 @needs_native
 def test_host_path_off_for_other_dtypes_and_when_switched_off(monkeypatch):
     x = laplace(200_000, 3)
-    assert dgc_mod.host_path(x)
-    assert not dgc_mod.host_path(x.double())
+    assert kernels.host_path(x)
+    assert not kernels.host_path(x.double())
     previous = native.use("off")
     try:
-        assert not dgc_mod.host_path(x)
+        assert not kernels.host_path(x)
     finally:
         native.use(previous)
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import horovod_gravac.compressors.dgc as dgc_mod
+import horovod_gravac.selection.kernels as kernels
 from horovod_gravac.compressors import (DGCCompressor, RandomKCompressor, RedSyncCompressor,
                                         SIDCoCompressor, TopKCompressor)
 
@@ -55,8 +55,8 @@ DOCUMENTED = {
 
 @pytest.fixture
 def accelerator_path(monkeypatch):
-    monkeypatch.setattr(dgc_mod, "_chunked", lambda flat: False)
-    monkeypatch.setattr(dgc_mod, "host_path", lambda flat: False)   # the CPU host path has no device
+    monkeypatch.setattr(kernels, "_chunked", lambda flat: False)
+    monkeypatch.setattr(kernels, "host_path", lambda flat: False)   # the CPU host path has no device
 
 
 @pytest.mark.parametrize("name", sorted(DOCUMENTED))

@@ -7,7 +7,7 @@ import torch
 import horovod_gravac
 from horovod_gravac.compressors import (DGCCompressor, RedSyncCompressor, SIDCoCompressor, SparseCompressor,
                                         kept_count)
-from horovod_gravac.compressors import dgc as dgc_mod
+from horovod_gravac.selection import kernels
 from horovod_gravac.compressors.dgc import exceedance_moments, select_abs_at_least
 from horovod_gravac.compressors.redsync import redsync_search
 from horovod_gravac.compressors.sidco import fitted_excess, gamma_upper_quantile
@@ -351,7 +351,7 @@ def test_sidco_gamma_is_not_fooled_by_heavy_tails():
 # -- shared kernels -----------------------------------------------------------------------------
 @pytest.mark.parametrize("density", [0.0005, 0.005, 0.05, 0.3])
 def test_select_abs_at_least_prefilter_matches_direct(density):
-    n = 3 * dgc_mod.CHUNK + 12345          # several chunks and a ragged last one
+    n = 3 * kernels.CHUNK + 12345          # several chunks and a ragged last one
     t = gradient_like(n, seed=11)
     thr = torch.quantile(t.abs()[:100_000], 1.0 - density)
     want = torch.nonzero(t.abs() >= thr).view(-1)
@@ -369,7 +369,7 @@ def test_vectorised_path_matches_chunked_path(monkeypatch):
     chunked = exceedance_moments(t, thr)
     idx_c, _ = select_abs_at_least(t, thr)
     results_c = {n: FACTORIES[n](100).compress(t)[0].indices for n in FACTORIES}
-    monkeypatch.setattr(dgc_mod, "_chunked", lambda flat: False)
+    monkeypatch.setattr(kernels, "_chunked", lambda flat: False)
     whole = exceedance_moments(t, thr)
     idx_w, _ = select_abs_at_least(t, thr)
     assert torch.equal(torch.sort(idx_c).values, idx_w)

@@ -1,4 +1,4 @@
-"""Exactness of Top-k's sampled-threshold selection (``horovod_gravac.compressors.topk``).
+"""Exactness of Top-k's sampled-threshold selection (``horovod_gravac.selection.topk``).
 
 The CPU path (NumPy) is checked index for index against a reference that states its
 rule: the k largest magnitudes, NaN largest, ties at the k-th magnitude resolved
@@ -17,8 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from horovod_gravac import native
 from horovod_gravac.compressors import TopKCompressor, kept_count
-from horovod_gravac.compressors import topk as T
-from horovod_gravac.compressors.topk import topk_indices
+from horovod_gravac.selection import topk as T
+from horovod_gravac.selection.topk import topk_indices
 
 CHUNK = T._CHUNK
 SIZES = [T._TINY - 1, T._TINY + 1, T._SMALL, T._SMALL + 1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 7, 300_001]

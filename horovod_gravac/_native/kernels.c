@@ -478,7 +478,7 @@ static int rs_scratch(int64_t size) {
     return 0;
 }
 
-/* RedSync's binary search (horovod_gravac/compressors/redsync.py, redsync_search) over the
+/* RedSync's binary search (horovod_gravac/selection/redsync.py, redsync_search) over the
  * magnitudes of c candidates (idx/val: flat indices and signed values), then the ones with
  * |v| <= threshold dropped in place.  Each step counts exactly what redsync_search counts,
  * #(|v| > mid) with mid = (lo + hi) / 2 in float32, and moves the same way (too few:

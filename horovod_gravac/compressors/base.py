@@ -9,7 +9,9 @@ two-method contract:
     tensor2 = compressor.decompress(payload, ctx)
 
 ``payload`` is a :class:`SparsePayload` (values + int32 flat indices), ``ctx`` a
-:class:`SparseContext` (shape, dtype, numel).  Compressors hold no per-tensor
+:class:`SparseContext` (shape, dtype, numel).  Which entries to keep is decided by a
+selector from :mod:`horovod_gravac.selection` (pure torch/NumPy, no Horovod); the
+classes here add Horovod's ``Compressor`` contract on top.  Compressors hold no per-tensor
 state: error-feedback residuals live in the optimizer (see ``error_feedback.py``),
 because Horovod's compressor interface never sees which parameter a tensor is.
 
@@ -20,56 +22,21 @@ the ``numel / a`` kept entries instead of the whole tensor.
 """
 from __future__ import annotations
 
-import math
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
 from .. import native
 from ..cf import check_cf, kept_count  # noqa: F401  (part of this module's API)
+from ..selection.base import Selector
+from ..selection.payload import (FLOAT_DTYPES, SparseContext, SparsePayload,  # noqa: F401  (re-exported)
+                                 check_tensor)
 
 try:  # Horovod is a hard dependency at run time; keep the pure parts importable without it.
     from horovod.torch.compression import Compressor as _HorovodCompressor
 except Exception:  # pragma: no cover - exercised only where Horovod is missing
     class _HorovodCompressor:  # type: ignore[no-redef]
         """Stand-in with Horovod's interface, used only when Horovod is not installed."""
-
-# Gradients may arrive in these dtypes; values travel as float32 on the wire.
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-class SparsePayload(NamedTuple):
-    """What a sparsifier sends: ``values[i]`` belongs at flat position ``indices[i]``."""
-
-    values: torch.Tensor   # 1-D, float32
-    indices: torch.Tensor  # 1-D, int32, unique, into the flattened tensor
-
-    def type(self, *args, **kwargs):
-        # Horovod's allreduce asks its input for .type(): only reached when one of our
-        # compressors was handed to hvd.DistributedOptimizer, which can only allreduce
-        # dense tensors of one shape on every rank.
-        raise TypeError("a horovod_gravac compressor cannot run inside hvd.DistributedOptimizer "
-                        "(its payloads are sparse and differ between ranks). Use "
-                        "horovod_gravac.DistributedOptimizer(optimizer, named_parameters, "
-                        "compression=<the same compressor>) instead.")
-
-
-class SparseContext(NamedTuple):
-    """What ``decompress`` needs to rebuild the dense tensor."""
-
-    shape: torch.Size
-    dtype: torch.dtype
-    numel: int
-
-
-def check_tensor(tensor: torch.Tensor) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in FLOAT_DTYPES:
-        raise ValueError(
-            f"tensor must be a floating-point gradient ({', '.join(str(d) for d in FLOAT_DTYPES)}), "
-            f"got dtype {tensor.dtype}")
-
 
 class GradientCompressor(_HorovodCompressor):
     """What ``horovod_gravac.DistributedOptimizer`` asks of every compressor (the defaults
@@ -96,10 +63,13 @@ class GradientCompressor(_HorovodCompressor):
         """Draw from ``(seed, step, stream)`` from now on (``stream``: the bucket)."""
 
 
-class SparseCompressor(GradientCompressor):
-    """Base class: a sparsifier at a fixed compression factor.
+class SparseCompressor(Selector, GradientCompressor):
+    """Base class: a sparsifier at a fixed compression factor, as a Horovod ``Compressor``.
 
-    Subclasses implement :meth:`select` (which flat entries to keep).  Everything
+    The selection (``cf``, :meth:`select`, :meth:`select_payload`) comes from
+    :class:`horovod_gravac.selection.base.Selector`, which imports no Horovod; subclasses
+    implement :meth:`select` (which flat entries to keep), directly or by inheriting a
+    selector first (``class TopKCompressor(TopKSelector, SparseCompressor)``).  Everything
     else (validation, flattening, context, decompression, multi-level) is here.
 
     Attributes (besides :class:`GradientCompressor`'s):
@@ -107,24 +77,6 @@ class SparseCompressor(GradientCompressor):
         exact_multilevel: True when ``compress_further`` gives exactly what direct
             compression at the product CF gives (Top-k).
     """
-
-    exact_multilevel = False
-
-    def __init__(self, cf: float = 100.0):
-        self.cf = check_cf(cf)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(cf={self.cf:g})"
-
-    # -- the part subclasses provide --------------------------------------------
-    def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
-        """Return the int64 or int32 flat indices to keep (about ``k`` of them, unique)."""
-        raise NotImplementedError
-
-    def select_payload(self, flat: torch.Tensor, k: int) -> SparsePayload:
-        """The payload keeping what :meth:`select` picks.  Subclasses whose selection
-        already holds the values (Top-k's native pass) override this to skip the gather."""
-        return self._payload(flat, self.select(flat, k))
 
     # -- Horovod's Compressor contract -------------------------------------------
     def compress(self, tensor: torch.Tensor) -> Tuple[SparsePayload, SparseContext]:
@@ -183,11 +135,6 @@ class SparseCompressor(GradientCompressor):
         return SparsePayload(sub.values, payload.indices.index_select(0, sub.indices))
 
     # -- helpers ----------------------------------------------------------------
-    @staticmethod
-    def _payload(flat: torch.Tensor, indices: torch.Tensor) -> SparsePayload:
-        values = flat.index_select(0, indices.long() if indices.dtype != torch.int64 else indices)
-        return SparsePayload(values.to(torch.float32), indices.to(torch.int32))
-
     @staticmethod
     def wire_bytes(payload: SparsePayload, shared_indices: bool = False) -> int:
         """Bytes this payload costs on the wire: 4 per value, plus 4 per index unless shared."""

@@ -1,122 +1,13 @@
-"""Random-k: keep k entries chosen uniformly at random.
-
-Indices are drawn by *stratified* sampling: the flat tensor is cut into k
-contiguous strata (every entry, the last one included, lies in exactly one; each
-holds floor or ceil of numel/k entries) and one position is drawn uniformly inside
-each.  That costs O(k), never touches the other entries, gives every entry a
-chance of about k/numel, and never repeats an index, so the sparse allgather's
-``index_add_`` and error feedback need no de-duplication.
-
-When ``seed`` is given, the draw comes from a private NumPy PCG64 generator seeded
-with ``(seed, step, bucket)``: every rank that uses the same seed and calls
-``set_step`` identically picks the same indices, so the optimizer can sum the k
-values with a dense allreduce and send no indices at all.  ``seed=None`` seeds the
-generator from the operating system's entropy: each rank draws its own indices (not
-reproducible, so a resumed run will not repeat them).  The global RNG is never
-touched.
-
-Random-k draws on the CPU with :func:`stratified_draw` (integer offsets straight into
-int32, about twice as fast as the float-based :func:`stratified_indices`, which DGC's
-samplers keep because they draw on the tensor's own device).
-"""
+"""Random-k as a Horovod ``Compressor``: the selection is
+:class:`horovod_gravac.selection.randomk.RandomKSelector` (see that module for the draw)."""
 from __future__ import annotations
 
-import numpy as np
-import torch
-
+from ..selection.randomk import RandomKSelector, stratified_draw  # noqa: F401  (re-exported)
+from ..selection.sampling import stratified_indices  # noqa: F401  (re-exported)
 from .base import SparseCompressor
 
 
-def _stratum_starts(numel: int, k: int) -> torch.Tensor:
-    """``floor(i * numel / k)`` for ``i = 0..k``: strata of floor or ceil of numel/k entries,
-    the long and short ones evenly interleaved (so every entry's chance is ~k/numel locally,
-    not only on average).  Float64 division is exact here while ``k * numel < 2**52``
-    (the quotient is never within half an ulp below an integer) and ~2x cheaper than
-    int64 division."""
-    i = torch.arange(k + 1, dtype=torch.float64 if k * numel < 2 ** 52 else torch.int64)
-    if i.dtype == torch.int64:
-        return i.mul_(numel).floor_divide_(k)
-    return i.mul_(numel).div_(k).floor_().to(torch.int64)
-
-
-def stratified_indices(numel: int, k: int, generator: torch.Generator, device=None) -> torch.Tensor:
-    """``k`` unique sorted indices in ``[0, numel)``, one uniform draw per stratum.
-
-    Offsets come from one uniform float per stratum: float32 (24 bits) while strata
-    are shorter than 4096 entries, so each position's chance is off by at most
-    4096 / 2**24 = 0.02 % of itself, float64 above that.  Indices are made on the
-    generator's device (a CUDA generator cannot draw CPU tensors) and moved to ``device``.
-    """
-    if k >= numel:
-        return torch.arange(numel, device=device)
-    size, extra = divmod(numel, k)
-    gdev = generator.device
-    u = torch.rand(k, generator=generator, dtype=torch.float32 if size < 4095 else torch.float64, device=gdev)
-    if extra == 0:   # equal strata: no table of boundaries needed
-        index = torch.arange(k, dtype=torch.int64, device=gdev).mul_(size)
-        # u * size can round up to size in floating point: the clamp keeps the draw in its stratum
-        index.add_(u.mul_(size).to(torch.int64).clamp_(max=size - 1))
-    else:
-        bounds = _stratum_starts(numel, k).to(gdev)
-        sizes = bounds[1:] - bounds[:-1]                   # >= 1 because k <= numel
-        offsets = u.mul_(sizes).to(torch.int64)
-        index = bounds[:-1].add_(torch.minimum(offsets, sizes.sub_(1), out=offsets))
-    return index if device is None else index.to(device)
-
-
-def stratified_draw(numel: int, k: int, rng: np.random.Generator) -> torch.Tensor:
-    """``k`` unique sorted indices in ``[0, numel)``, one exactly uniform draw per stratum
-    (the strata of :func:`stratified_indices`), on the CPU, as int32 (int64 beyond
-    2**31 - 1 entries), so compressing needs no index conversion."""
-    dtype = np.int32 if numel <= np.iinfo(np.int32).max else np.int64
-    if k >= numel:
-        return torch.from_numpy(np.arange(numel, dtype=dtype))
-    size, extra = divmod(numel, k)
-    if extra == 0:   # equal strata
-        index = np.arange(0, numel, size, dtype=dtype)
-        index += rng.integers(0, size, size=k, dtype=dtype)
-    else:            # floor(i * numel / k) = i * size + floor(i * extra / k), without overflow
-        i = np.arange(k + 1, dtype=np.int64)
-        starts = i * size + i * extra // k
-        index = (starts[:-1] + rng.integers(0, np.diff(starts))).astype(dtype, copy=False)
-    return torch.from_numpy(index)
-
-
-class RandomKCompressor(SparseCompressor):
-    """Keep ``numel / cf`` uniformly random entries.
-
-    Multi-level compression is exact in law: a uniform random subset of a uniform
-    random subset is a uniform random subset.
-
-    Args:
-        cf: compression factor.
-        seed: ranks sharing a seed pick the same indices each step (no index traffic).
-            ``None`` draws independent indices per rank (seeded from OS entropy).
-    """
-
-    step_seeded = True   # set_step re-seeds (with seed=None too: the step index stays aligned)
-
-    def __init__(self, cf: float = 100.0, seed: int = 1234):
-        super().__init__(cf)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed must be an integer (shared by all ranks) or None, got {seed!r}")
-        self.seed = seed
-        self.shared_indices = seed is not None
-        self._step = 0
-        self._stream = 0
-        self._rng = np.random.Generator(np.random.PCG64(None if seed is None else int(seed)))
-
-    def __repr__(self) -> str:
-        # The seed is part of the identity: ranks with different seeds must not pair up.
-        return f"RandomKCompressor(cf={self.cf:g}, seed={self.seed})"
-
-    def set_step(self, step: int, stream: int = 0) -> None:
-        """Re-seed for (step, stream): the same on every rank, so indices agree."""
-        self._step, self._stream = int(step), int(stream)
-        if self.seed is not None:
-            mixed = (int(self.seed) * 1_000_003 + self._step) * 1_000_033 + self._stream
-            self._rng = np.random.Generator(np.random.PCG64(mixed & 0x7FFF_FFFF_FFFF_FFFF))
-
-    def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
-        # Drawn on the CPU; indices move to the tensor's device.
-        return stratified_draw(flat.numel(), k, self._rng).to(flat.device)
+class RandomKCompressor(RandomKSelector, SparseCompressor):
+    """Keep ``numel / cf`` uniformly random entries; ranks sharing ``seed`` pick the same
+    indices each step (no index traffic).  Arguments: ``cf``, ``seed``; see
+    :class:`~horovod_gravac.selection.randomk.RandomKSelector`."""

@@ -1,0 +1,54 @@
+"""What a sparsifier sends and what rebuilding the dense tensor needs (pure torch).
+
+``payload, ctx = compressor.compress(tensor)``: ``payload`` is a :class:`SparsePayload`
+(float32 values + int32 flat indices), ``ctx`` a :class:`SparseContext` (shape, dtype,
+numel).  These types live here, outside :mod:`horovod_gravac.compressors`, so that the
+wire format (``wire.py``) and the selection code import without Horovod.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+# Gradients may arrive in these dtypes; values travel as float32 on the wire.
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class SparsePayload(NamedTuple):
+    """What a sparsifier sends: ``values[i]`` belongs at flat position ``indices[i]``."""
+
+    values: torch.Tensor   # 1-D, float32
+    indices: torch.Tensor  # 1-D, int32, unique, into the flattened tensor
+
+    def type(self, *args, **kwargs):
+        # Horovod's allreduce asks its input for .type(): only reached when one of our
+        # compressors was handed to hvd.DistributedOptimizer, which can only allreduce
+        # dense tensors of one shape on every rank.
+        raise TypeError("a horovod_gravac compressor cannot run inside hvd.DistributedOptimizer "
+                        "(its payloads are sparse and differ between ranks). Use "
+                        "horovod_gravac.DistributedOptimizer(optimizer, named_parameters, "
+                        "compression=<the same compressor>) instead.")
+
+
+class SparseContext(NamedTuple):
+    """What ``decompress`` needs to rebuild the dense tensor."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+    numel: int
+
+
+def check_tensor(tensor: torch.Tensor) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise ValueError(
+            f"tensor must be a floating-point gradient ({', '.join(str(d) for d in FLOAT_DTYPES)}), "
+            f"got dtype {tensor.dtype}")
+
+
+def sparse_payload(flat: torch.Tensor, indices: torch.Tensor) -> SparsePayload:
+    """The payload keeping ``flat[indices]`` (values gathered, as float32; indices as int32)."""
+    values = flat.index_select(0, indices.long() if indices.dtype != torch.int64 else indices)
+    return SparsePayload(values.to(torch.float32), indices.to(torch.int32))
