@@ -70,3 +70,15 @@ def test_every_configuration_is_a_valid_training_command():
             cmd = A.train_command(w, flags, "/tmp/x", 10, 5)
             args = parser.parse_args(cmd[cmd.index("horovod_gravac.harness.train") + 1:])
             assert args.steps == 10, name
+
+
+def test_training_time_is_the_step_period_without_evaluations():
+    # The period counts the wait for the decision broadcast (iter_time of old runs did not);
+    # the first step and the step after an evaluation take their iteration time instead.
+    from benchmarks.adaptivity import curve, step_periods
+    steps = [{"step": i, "iter_time": 0.1, "step_time": 0.3} for i in range(1, 6)]
+    run_ = {"steps": steps, "evals": [{"step": 2}]}
+    assert step_periods(run_) == [0.1, 0.3, 0.1, 0.3, 0.3]
+    assert curve(run_)[-1] == pytest.approx(1.1)
+    steps[3].pop("step_time")   # a record without a period falls back to its iteration time
+    assert step_periods(run_)[3] == 0.1
