@@ -1,0 +1,40 @@
+"""Shared by the multi-rank tests in this folder (not a test file): Horovod initialised,
+this rank and the world size, a small MLP and per-rank batches, the optimizer under test
+with several buckets."""
+import torch
+
+import horovod.torch as hvd
+import horovod_gravac as hg
+
+hvd.init()
+torch.set_num_threads(1)
+RANK, SIZE = hvd.rank(), hvd.size()
+
+
+def make_model(seed=0, out=5):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                torch.nn.ReLU(), torch.nn.Linear(64, out))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return model
+
+
+def batch(step, rank=None):
+    g = torch.Generator().manual_seed(1000 * step + (RANK if rank is None else rank))
+    return torch.randn(24, 32, generator=g), torch.randint(0, 5, (24,), generator=g)
+
+
+def flat_params(model):
+    return torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
+
+
+def hg_opt(model, **kw):
+    kw.setdefault("bucket_cap_mb", 0.01)   # several buckets even for a small model
+    return hg.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                   named_parameters=model.named_parameters(), **kw)
+
+
+def release(opt):
+    for h in opt._hooks:
+        h.remove()
+
