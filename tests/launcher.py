@@ -56,11 +56,11 @@ def run_with_timeout(cmd: Sequence[str], timeout: float, env: Optional[dict] = N
     return proc.returncode, out
 
 
-# pytest on every rank: one line per test, short tracebacks, no colours (mpirun gives ranks a
-# terminal), no cache written by N ranks at once, never a plugin that reorders tests (each
-# rank must run the same collectives), and no hypothesis plugin (seconds of import per rank,
-# for no test there).
-PYTEST_ARGS = ["-m", "pytest", "-v", "--tb=short", "-ra", "--color=no", "-p", "no:cacheprovider",
+# pytest on every rank: a line per test, short tracebacks, failure messages not cut short
+# (-vv), no colours (mpirun gives ranks a terminal), no cache written by N ranks at once,
+# never a plugin that reorders tests (each rank must run the same collectives), and no
+# hypothesis plugin (seconds of import per rank, for no test there).
+PYTEST_ARGS = ["-m", "pytest", "-vv", "--tb=short", "-ra", "--color=no", "-p", "no:cacheprovider",
                "-p", "no:randomly", "-p", "no:hypothesispytest"]
 # horovodrun's prefix of each line: "[0]<stdout>:" (Gloo), "[1,0]<stdout>:" (Open MPI, where
 # the next rank's prefix may follow on the same line)
