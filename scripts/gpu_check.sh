@@ -11,8 +11,8 @@
 # Steps (each runs even if an earlier one failed; every result goes to a file):
 #   1. environment: nvidia-smi, torch/CUDA versions, horovodrun --check-build   -> env.txt
 #   2. pytest -m cuda tests/test_cuda.py: every CUDA branch against the CPU      -> pytest_cuda.txt, pytest_cuda.xml
-#   3. the optimizer on CUDA with each compressor, horovodrun with NCCL
-#      (tests/dist/cuda_checks.py; 2 ranks when there are 2 GPUs, else 1 rank:
+#   3. the optimizer on CUDA with each compressor, horovodrun with NCCL, pytest on every rank
+#      (tests/parallel/test_cuda_nccl.py; 2 ranks when there are 2 GPUs, else 1 rank:
 #      NCCL refuses two ranks on one GPU; skipped if Horovod has no NCCL)   -> nccl_optimizer.txt
 #   4. the compressor benchmark on the GPU (python -m benchmarks.compressors --device cuda;
 #      skipped, with a note, while the benchmark has no --device option)     -> compressors_cuda.txt, .csv
@@ -99,8 +99,9 @@ else
     NP=1
     note "INFO  only $NGPU GPU: the NCCL run uses 1 rank (NCCL refuses two ranks on one GPU); the 2-rank run needs 2 GPUs"
   fi
-  step "horovodrun -np $NP NCCL optimizer, every compressor (tests/dist/cuda_checks.py)" "$RESULTS/nccl_optimizer.txt" \
-    "$HOROVODRUN" -np "$NP" -H "localhost:$NP" --gloo "$PYTHON" tests/dist/cuda_checks.py
+  step "horovodrun -np $NP NCCL optimizer, every compressor (tests/parallel/test_cuda_nccl.py)" "$RESULTS/nccl_optimizer.txt" \
+    "$HOROVODRUN" -np "$NP" -H "localhost:$NP" --gloo "$PYTHON" -m pytest -v -s -p no:cacheprovider \
+    tests/parallel/test_cuda_nccl.py
 fi
 
 # 4. the compressor benchmark on the GPU ------------------------------------------------------------

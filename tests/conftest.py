@@ -9,6 +9,10 @@ import torch
 from horovod_gravac import native
 from launcher import ROOT, horovodrun_cmd, horovodrun_path, run_with_timeout  # noqa: F401
 
+# tests/parallel holds the multi-rank tests: the ranks run them under horovodrun, launched
+# by the tests here (launcher.run_parallel_tests); a plain pytest run does not collect them.
+collect_ignore = ["parallel"]
+
 
 def run_ranks(np_, script, *args, timeout=240, env=None):
     """Run ``script`` on ``np_`` local ranks with Gloo; a hung or failed rank fails the test."""

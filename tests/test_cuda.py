@@ -17,7 +17,7 @@ What is covered:
   counter as tests/test_host_syncs.py, and with CUDA's own sync debug mode);
 - the optimizer on CUDA with one rank (when Horovod was built with CUDA support), against
   the same run on the CPU.
-The 2-rank NCCL run is tests/dist/cuda_checks.py, launched by scripts/gpu_check.sh.
+The 2-rank NCCL run is tests/parallel/test_cuda_nccl.py, launched by scripts/gpu_check.sh.
 """
 import warnings
 

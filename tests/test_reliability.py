@@ -1,8 +1,10 @@
 """Reliability: bad input, non-finite gradients, consistency, dead or stalled
 ranks, checkpoint/resume, Horovod elastic.
 
-Single-process tests first, then real multi-rank runs of tests/dist/reliability_checks.py
-under horovodrun, each bounded by an outer timeout that kills every rank.
+Single-process tests first, then real multi-rank runs under horovodrun, each bounded by an
+outer timeout that kills every rank: the pytest files parallel/test_reliability_checks.py,
+test_checkpoint_jobs.py and test_elastic_driver.py on every rank, and the fault scenarios
+of parallel/fault_scenario.py, which must fail in a specific way.
 """
 import math
 import re
@@ -18,8 +20,9 @@ from horovod_gravac.compressors import PowerSGDCompressor, RandomKCompressor, To
 from horovod_gravac.policy import Geometric
 
 from conftest import run_ranks
+from launcher import check_parallel_tests, launch_parallel_tests, run_parallel_tests
 
-CHECKS = Path(__file__).parent / "dist" / "reliability_checks.py"
+FAULT_SCENARIO = Path(__file__).parent / "parallel" / "fault_scenario.py"
 
 
 # ============================================================ item 1: validation
@@ -242,36 +245,11 @@ def test_elastic_state_uses_the_gravac_handler(hvd1):
 
 
 # ============================================================ multi-rank
-RELIABILITY = ["inf_gradient_on_one_rank", "nan_gradient_on_all_ranks", "nonfinite_propagates_to_every_rank",
-               "mismatch_parameter_shape",
-               "mismatch_parameter_names", "mismatch_compressor", "mismatch_gravac_settings",
-               "mismatch_backward_passes", "mismatch_bucket_cap_mb", "mismatch_randomk_seed", "odd_tensors",
-               "ckpt_rank0_load_then_broadcast",
-               "bounded_waits_in_normal_training", "elastic_save_restore", "elastic_sync", "elastic_reset_world_size", "elastic_real_reinit"]
-
-
-def _passed(proc):
-    return {line.split("PASS ", 1)[1].strip() for line in proc.stdout.splitlines() if "PASS " in line}
-
-
 @pytest.mark.parametrize("np_", [2, 3])
 def test_reliability_checks(np_):
-    names = ["all"] if np_ == 2 else ["inf_gradient_on_one_rank", "nan_gradient_on_all_ranks",
-                                      "nonfinite_propagates_to_every_rank",
-                                      "mismatch_parameter_shape", "mismatch_compressor", "odd_tensors",
-                                      "elastic_sync"]
-    proc = run_ranks(np_, CHECKS, *names, timeout=300)
-    want = RELIABILITY if names == ["all"] else names
-    missing = [c for c in want if c not in _passed(proc)]
-    assert proc.returncode == 0 and not missing, \
-        f"{np_} ranks: rc={proc.returncode}, failed/missing {missing}\n{proc.stdout[-6000:]}"
-
-
-def test_bucket_cap_mb_mismatch_fails_on_every_rank():
-    """Ranks with different bucket_cap_mb raise ValueError naming it, on
-    every rank, at start-up (no hang, no IndexError later)."""
-    proc = run_ranks(2, CHECKS, "mismatch_bucket_cap_mb", timeout=120)
-    assert proc.returncode == 0 and "PASS mismatch_bucket_cap_mb" in proc.stdout, proc.stdout[-4000:]
+    """Every test of parallel/test_reliability_checks.py on 2 ranks; those marked
+    ``sizes(2, 3)`` also on 3."""
+    run_parallel_tests(np_, "test_reliability_checks.py", timeout=300)
 
 
 def test_checkpoint_resume_is_bitwise_identical(tmp_path):
@@ -280,23 +258,19 @@ def test_checkpoint_resume_is_bitwise_identical(tmp_path):
     identical bit for bit, for static Top-k, GraVAC, static Random-k, GraVAC Random-k,
     Accordion (saved mid-interval), PowerSGD and DGC with momentum correction (and SIDCo,
     DGC, RedSync; known gaps would be printed as GAP)."""
-    ref = run_ranks(2, CHECKS, "ckpt_reference", tmp_path, timeout=300)
-    assert ref.returncode == 0 and "PASS ckpt_reference" in ref.stdout, ref.stdout[-6000:]
+    env = {"GRAVAC_CKPT_DIR": str(tmp_path)}
+    run_parallel_tests(2, "test_checkpoint_jobs.py::test_ckpt_reference", timeout=300, env=env)
     assert len(list(tmp_path.glob("*.ckpt.rank*.pt"))) >= 8
-    res = run_ranks(2, CHECKS, "ckpt_resume", tmp_path, timeout=300)
-    assert res.returncode == 0 and "PASS ckpt_resume" in res.stdout, res.stdout[-6000:]
-    for cfg in ("static_topk", "gravac_topk", "static_randomk", "gravac_randomk", "accordion",
-                "powersgd_static", "dgc_momentum"):
-        assert f"RESUMED {cfg} bitwise identical" in res.stdout, res.stdout[-6000:]
+    run_parallel_tests(2, "test_checkpoint_jobs.py::test_ckpt_resume", timeout=300, env=env)
 
 
 def test_real_elastic_driver_shrinks_and_grows(tmp_path):
     """horovodrun in elastic mode: 2 workers; the one on 127.0.0.1 dies at step 8 (world
     2 -> 1: restore, reset, residuals zeroed, EWMA factor 0.01); at step 14 the survivor
     asks for a second slot and a new worker joins with an empty optimizer (world 1 -> 2:
-    sync from rank 0, factor 0.02). Both finish step 24 with identical parameters."""
-    import sys
-    from launcher import horovodrun_path, run_with_timeout
+    sync from rank 0, factor 0.02). Both finish step 24 with identical parameters
+    (parallel/test_elastic_driver.py checks it on each; both must pass)."""
+    from launcher import horovodrun_path
     hvdrun = horovodrun_path()
     if hvdrun is None:
         pytest.skip("horovodrun is not installed")
@@ -305,19 +279,13 @@ def test_real_elastic_driver_shrinks_and_grows(tmp_path):
     discover.write_text(f'#!/bin/sh\nif [ -e "{flag}" ]; then echo localhost:2; '
                         f'else echo localhost:1; echo 127.0.0.1:1; fi\n')
     discover.chmod(0o755)
-    cmd = [hvdrun, "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover),
-           "--gloo", sys.executable, str(CHECKS), "elastic_driver"]
-    rc, out = run_with_timeout(cmd, 240, env={"GRAVAC_ELASTIC_FLAG": str(flag)})
-    if rc is None:
-        pytest.fail(f"elastic run timed out\n{out[-4000:]}")
-    reports = [line.split("ELASTIC ", 1)[1] for line in out.splitlines() if "ELASTIC " in line]
-    assert rc == 0 and len(reports) == 2, f"rc={rc}\n{out[-6000:]}"
-    survivor = next(r for r in reports if "first_step=0 " in r)
-    joined = next(r for r in reports if "first_step=14 " in r)
-    assert "sizes=[1, 2]" in survivor and "shrunk=(8, 1, 1, 1, 0.01, 0.0)" in survivor, survivor
-    assert "grown=(14, 2, 2, 2, 0.02, 0.0)" in survivor, survivor
-    for r in (survivor, joined):
-        assert "final_step=24" in r and "identical=True" in r and "finite=True" in r, r
+    launcher = [hvdrun, "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover),
+                "--gloo"]
+    rc, out = launch_parallel_tests(2, "test_elastic_driver.py", timeout=240, launcher=launcher,
+                                    env={"GRAVAC_ELASTIC_FLAG": str(flag)})
+    # The survivor reports as rank 0, the worker that joined as rank 1 (the one that died
+    # before it, also rank 1, never gets to a summary).
+    check_parallel_tests("elastic pytest of test_elastic_driver.py", rc, out, 240, range(2))
 
 
 # ---------------------------------------------------------------- item 4: faults
@@ -351,7 +319,7 @@ def test_dead_or_stalled_rank_fails_with_a_clear_error(kind):
     t0 = time.monotonic()
     # freeze: after the error the exit guard (comm.arm_exit_guard) ends rank 0 within
     # $HOROVOD_GRAVAC_EXIT_GRACE (10 s); horovodrun then takes up to 10 s to kill rank 1.
-    proc = run_ranks(2, CHECKS, f"fault_{kind}", FAULT_TIMEOUT, timeout=150 if kind == "freeze" else 90)
+    proc = run_ranks(2, FAULT_SCENARIO, kind, FAULT_TIMEOUT, timeout=150 if kind == "freeze" else 90)
     wall = time.monotonic() - t0
     assert proc.returncode != 0, proc.stdout[-4000:]
     seconds, error = _failed_after(proc)
@@ -367,7 +335,7 @@ def test_dead_or_stalled_rank_fails_with_a_clear_error(kind):
 
 
 def test_timeout_from_environment_variable():
-    proc = run_ranks(2, CHECKS, "fault_bucket", "unused", timeout=90,
+    proc = run_ranks(2, FAULT_SCENARIO, "bucket", "unused", timeout=90,
                      env={comm.TIMEOUT_ENV: "3"})
     seconds, error = _failed_after(proc)
     assert error.startswith("CollectiveTimeoutError") and "timeout 3 s" in error, error
@@ -499,7 +467,7 @@ def test_frozen_peer_job_ends_within_a_bound(launcher):
     launcher's reaction.  Before the exit guard, Horovod's shutdown at interpreter exit
     blocked for ever under mpirun (the job was still running 175 s later) and for Gloo's
     30 s receive timeout under Gloo."""
-    cmd = _launcher_cmd(launcher, CHECKS, "fault_freeze", FAULT_TIMEOUT)
+    cmd = _launcher_cmd(launcher, FAULT_SCENARIO, "freeze", FAULT_TIMEOUT)
     rc, out, after, error_at = _run_timed(cmd, {comm.EXIT_GRACE_ENV: str(EXIT_GRACE)}, timeout=180,
                                           after_error=60)
     assert error_at, f"rank 0 reported no error:\n{out[-4000:]}"

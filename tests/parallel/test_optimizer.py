@@ -1,32 +1,15 @@
-"""Checks run on every rank under horovodrun (see tests/test_distributed.py).
+"""The optimizer on real ranks (2 and 3, launched by tests/test_distributed.py).
 
-Each check raises on failure; rank 0 prints ``PASS <name>`` after each one.
-Usage: python optimizer_checks.py CHECK [CHECK ...]   (or ``all``)
+Horovod registers no hooks with one rank, so only these prove anything about
+communication.
 """
-import sys
-
 import torch
 
 import horovod.torch as hvd
 import horovod_gravac as hg
 from horovod_gravac.compressors import TopKCompressor, RandomKCompressor
 
-hvd.init()
-torch.set_num_threads(1)
-RANK, SIZE = hvd.rank(), hvd.size()
-
-
-def make_model(seed=0):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                                torch.nn.ReLU(), torch.nn.Linear(64, 5))
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    return model
-
-
-def batch(step, rank=None):
-    g = torch.Generator().manual_seed(1000 * step + (RANK if rank is None else rank))
-    return torch.randn(24, 32, generator=g), torch.randint(0, 5, (24,), generator=g)
+from ranks import RANK, SIZE, batch, flat_params, hg_opt, make_model, release
 
 
 def train(model, opt, steps, hook=None):
@@ -40,10 +23,6 @@ def train(model, opt, steps, hook=None):
     return opt
 
 
-def flat_params(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
 def assert_identical_across_ranks(model, what):
     flat = flat_params(model)
     everyone = hvd.allgather(flat.unsqueeze(0), name=f"check.{what}")
@@ -53,19 +32,8 @@ def assert_identical_across_ranks(model, what):
                                  f"{(everyone[r] - everyone[0]).abs().max().item():.3e}")
 
 
-def hg_opt(model, **kw):
-    kw.setdefault("bucket_cap_mb", 0.01)   # several buckets even for a small model
-    return hg.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                   named_parameters=model.named_parameters(), **kw)
-
-
-def release(opt):
-    for h in opt._hooks:
-        h.remove()
-
-
 # ---------------------------------------------------------------------------------------------
-def check_dense_matches_horovod():
+def test_dense_matches_horovod():
     a, b = make_model(), make_model()
     ref = hvd.DistributedOptimizer(torch.optim.SGD(a.parameters(), lr=0.05, momentum=0.9),
                                    named_parameters=a.named_parameters())
@@ -80,7 +48,7 @@ def check_dense_matches_horovod():
     release(ours)
 
 
-def check_static_cf1_is_dense():
+def test_static_cf1_is_dense():
     a, b = make_model(), make_model()
     oa, ob = hg_opt(a, controller=hg.Dense()), hg_opt(b, controller=hg.StaticCF(1), compressor=TopKCompressor)
     train(a, oa, 10)
@@ -100,7 +68,7 @@ def _local_grads(model, step):
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 
 
-def check_sparse_aggregate_by_hand():
+def test_sparse_aggregate_by_hand():
     """At CF 100 the averaged gradient equals the mean of every rank's decompressed
     Top-k payload, computed here by hand (one bucket holding every parameter)."""
     for cf in (100.0, 1.0001):
@@ -131,7 +99,7 @@ def check_sparse_aggregate_by_hand():
     # as the hand concatenation, so Top-k selects the same set.
 
 
-def check_identical_after_training():
+def test_identical_after_training():
     modes = {
         "dense": dict(controller=hg.Dense()),
         "static-topk-100": dict(controller=hg.StaticCF(100)),
@@ -151,7 +119,7 @@ def check_identical_after_training():
         release(opt)
 
 
-def check_uneven_k():
+def test_uneven_k():
     """Each rank keeps a different number of entries (CF 20 x (rank + 1))."""
     model = make_model()
     opt = hg_opt(model, controller=hg.StaticCF(20), check_consistency=False,
@@ -164,7 +132,7 @@ def check_uneven_k():
     release(opt)
 
 
-def check_randomk_shared_sends_no_indices():
+def test_randomk_shared_sends_no_indices():
     model = make_model()
     opt = hg_opt(model, controller=hg.StaticCF(10), compressor=RandomKCompressor, bucket_cap_mb=64)
     train(model, opt, 3)
@@ -174,7 +142,7 @@ def check_randomk_shared_sends_no_indices():
     release(opt)
 
 
-def check_gravac_changes_cf_without_hang():
+def test_gravac_changes_cf_without_hang():
     """Ranks see different gradients (hence different local gains); the CF still moves
     and every rank calls the same collectives."""
     model = make_model()
@@ -188,7 +156,7 @@ def check_gravac_changes_cf_without_hang():
     release(opt)
 
 
-def check_mismatched_config_fails_everywhere():
+def test_mismatched_config_fails_everywhere():
     model = make_model()
     ctrl = hg.StaticCF(10 if RANK == 0 else 20)
     try:
@@ -199,7 +167,7 @@ def check_mismatched_config_fails_everywhere():
         raise AssertionError("mismatched controllers were not detected")
 
 
-def check_nan_gradient_keeps_ranks_identical():
+def test_nan_gradient_keeps_ranks_identical():
     model = make_model()
     ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3)
     opt = hg_opt(model, controller=ctrl, nonfinite="zero")   # the default propagates, as Horovod
@@ -221,7 +189,7 @@ def check_nan_gradient_keeps_ranks_identical():
     release(opt)
 
 
-def check_backward_passes_per_step():
+def test_backward_passes_per_step():
     a, b = make_model(), make_model()
     ref = hvd.DistributedOptimizer(torch.optim.SGD(a.parameters(), lr=0.05),
                                    named_parameters=a.named_parameters(), backward_passes_per_step=2)
@@ -239,7 +207,7 @@ def check_backward_passes_per_step():
     release(ours)
 
 
-def check_powersgd_full_rank_equals_dense_and_accordion_switches():
+def test_powersgd_full_rank_equals_dense_and_accordion_switches():
     from horovod_gravac.compressors import PowerSGDCompressor
     a, b = make_model(), make_model()
     oa = hg_opt(a, controller=hg.Dense())
@@ -263,8 +231,7 @@ def check_powersgd_full_rank_equals_dense_and_accordion_switches():
     release(opt)
 
 
-
-def check_overlapped_consensus_matches_synchronous():
+def test_overlapped_consensus_matches_synchronous():
     """The consensus exchange overlapped with the next step (default) gives the same
     decisions, stats and parameters as the synchronous exchange, bitwise."""
     runs = []
@@ -293,8 +260,7 @@ def check_overlapped_consensus_matches_synchronous():
     assert len({row[0] for row in seen_a}) > 1, f"the CF never changed: {seen_a}"
 
 
-
-def check_broadcast_object_small_and_large():
+def test_broadcast_object_small_and_large():
     """Rank 0's object arrives intact whether it fits the inline header or needs a
     second broadcast; other ranks' objects are ignored."""
     from horovod_gravac import comm
@@ -304,7 +270,7 @@ def check_broadcast_object_small_and_large():
         assert got == {"rank": 0, "blob": b"\x00" * size}, (size, got["rank"], len(got["blob"]))
 
 
-def check_two_optimizers_in_flight():
+def test_two_optimizers_in_flight():
     """Two GraVAC optimizers stepped alternately (a GAN's generator and discriminator):
     each one's overlapped decision broadcast is still in flight while the other steps,
     so their collectives need distinct names (``gravac.``, ``gravac<n>.``)."""
@@ -338,7 +304,7 @@ class HeadRegisteredFirst(torch.nn.Module):
         return self.head(torch.relu(self.body(x)))
 
 
-def check_carried_stats_are_complete_averages():
+def test_carried_stats_are_complete_averages():
     """The statistics that ride in the carrier bucket equal a direct average of every
     rank's whole-step norms, also when the carrier's gradients are ready first (its
     collective is then held until every other bucket is compressed), on the dense
@@ -381,15 +347,3 @@ def check_carried_stats_are_complete_averages():
         assert carried[5] == 0.0, carried
     assert_identical_across_ranks(model, "carried-stats")
     release(opt)
-
-
-CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
-
-if __name__ == "__main__":
-    wanted = sys.argv[1:] or ["all"]
-    names = list(CHECKS) if wanted == ["all"] else wanted
-    for name in names:
-        CHECKS[name]()
-        hvd.barrier() if hasattr(hvd, "barrier") else hvd.allreduce(torch.zeros(1), name=f"sync.{name}")
-        if RANK == 0:
-            print(f"PASS {name}", flush=True)

@@ -1,4 +1,4 @@
-"""Gradients at the edge of float32's range (run under horovodrun; exits non-zero on failure).
+"""Gradients at the edge of float32's range, on 2 real ranks (launched by tests/test_overflow.py).
 
 * a finite float64 gradient beyond float32's range (1e39) on one rank cannot travel in the
   float32 wire: it counts as non-finite, so every rank's gradient is non-finite that step
@@ -42,7 +42,7 @@ def poisoned_step(m, opt, step, value, ranks):
     opt.synchronize()
 
 
-def check_float64_beyond_float32_is_nonfinite():
+def test_float64_beyond_float32_is_nonfinite():
     for name, ctrl in CONTROLLERS:
         m = model(torch.float64)
         opt = hg.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(),
@@ -67,11 +67,9 @@ def check_float64_beyond_float32_is_nonfinite():
             raise AssertionError(f"{name}: ranks differ")
         for h in opt._hooks:
             h.remove()
-    if RANK == 0:
-        print("ok float64_beyond_float32_is_nonfinite", flush=True)
 
 
-def check_large_finite_float32_is_sent():
+def test_large_finite_float32_is_sent():
     for name, ctrl in CONTROLLERS:
         m = model(torch.float32)
         opt = hg.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-30), m.named_parameters(),
@@ -89,9 +87,3 @@ def check_large_finite_float32_is_sent():
             raise AssertionError(f"{name}: a finite gradient was flagged non-finite: {flagged}")
         for h in opt._hooks:
             h.remove()
-    if RANK == 0:
-        print("ok large_finite_float32_is_sent", flush=True)
-
-
-check_float64_beyond_float32_is_nonfinite()
-check_large_finite_float32_is_sent()

@@ -1,91 +1,25 @@
-"""Reliability checks run on every rank under horovodrun (see tests/test_reliability.py).
-
-Usage: python reliability_checks.py CHECK [ARG ...]
-
-- ``all``: every check in ``CHECKS`` (each raises on failure; rank 0 prints ``PASS <name>``).
-- ``ckpt_reference DIR`` / ``ckpt_resume DIR``: checkpoint/resume across two separate jobs.
-- ``fault_<kind> TIMEOUT``: rank 1 dies or stalls; rank 0 prints ``FAILED_AFTER <s> <error>``
-  and the job fails (the pytest side checks the error and the time).
+"""Reliability on real ranks (launched by tests/test_reliability.py): non-finite gradients,
+settings that differ between ranks, odd tensors, bounded waits, a rank-0 checkpoint, and the
+elastic state's save, restore, sync and reset.  Every test runs on 2 ranks; those marked
+``sizes(2, 3)`` also on 3.
 """
-import dataclasses
 import math
 import os
-import signal
-import sys
-import time
 from pathlib import Path
 
+import pytest
 import torch
 
 import horovod.torch as hvd
 import horovod_gravac as hg
-from horovod_gravac import comm, compressors
+from horovod_gravac import comm
 from horovod_gravac.compressors import RandomKCompressor, TopKCompressor, kept_count
 from horovod_gravac.elastic import TorchState
 
-hvd.init()
-torch.set_num_threads(1)
-RANK, SIZE = hvd.rank(), hvd.size()
+from ranks import (RANK, SIZE, StepTimedGraVAC, assert_identical_across_ranks, batch, flat_params, hg_opt,
+                   make_model, release, train_steps)
 
-
-def say(msg):
-    if RANK == 0:
-        print(msg, flush=True)
-
-
-def make_model(seed=0, out=5):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                                torch.nn.ReLU(), torch.nn.Linear(64, out))
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    return model
-
-
-def batch(step, rank=None):
-    g = torch.Generator().manual_seed(1000 * step + (RANK if rank is None else rank))
-    return torch.randn(24, 32, generator=g), torch.randint(0, 5, (24,), generator=g)
-
-
-def train_steps(model, opt, steps, start=0):
-    for step in range(start, start + steps):
-        x, y = batch(step)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    return opt
-
-
-def flat_params(model):
-    return torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
-
-
-def assert_identical_across_ranks(tensor, what):
-    everyone = hvd.allgather(tensor.unsqueeze(0), name=f"rel.{what}")
-    for r in range(SIZE):
-        if not torch.equal(everyone[r], everyone[0]):
-            raise AssertionError(f"{what}: rank {r} differs from rank 0 by "
-                                 f"{(everyone[r] - everyone[0]).abs().max().item():.3e}")
-
-
-def hg_opt(model, **kw):
-    kw.setdefault("bucket_cap_mb", 0.01)   # several buckets even for a small model
-    return hg.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                   named_parameters=model.named_parameters(), **kw)
-
-
-def release(opt):
-    for h in opt._hooks:
-        h.remove()
-
-
-class StepTimedGraVAC(hg.GraVAC):
-    """GraVAC fed a constant step time (1 s): throughput is then N * gain, so every
-    decision depends on gradients only and a resumed run can be compared bit for bit
-    with an uninterrupted one.  (Real GraVAC measures step times, which differ
-    between any two runs.)"""
-
-    def observe(self, obs):
-        return super().observe(dataclasses.replace(obs, step_time=1.0))
+pytestmark = pytest.mark.sizes(2)
 
 
 # ------------------------------------------------------------------ item 2: non-finite
@@ -131,13 +65,15 @@ def _nonfinite_run(value, ranks, controller):
     release(opt)
 
 
-def check_inf_gradient_on_one_rank():
+@pytest.mark.sizes(2, 3)
+def test_inf_gradient_on_one_rank():
     for ctrl in (hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3), hg.StaticCF(10)):
         _nonfinite_run(float("inf"), {SIZE - 1}, ctrl)
         _nonfinite_run(float("-inf"), {0}, ctrl)
 
 
-def check_nonfinite_propagates_to_every_rank():
+@pytest.mark.sizes(2, 3)
+def test_nonfinite_propagates_to_every_rank():
     """Default policy, as Horovod: a NaN/Inf on one rank reaches every rank's gradient
     (so a loss scaler skips the step everywhere); residuals and controller stay finite."""
     for ctrl in (hg.Dense(), hg.StaticCF(10), hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3),
@@ -168,7 +104,8 @@ def check_nonfinite_propagates_to_every_rank():
         release(opt)
 
 
-def check_nan_gradient_on_all_ranks():
+@pytest.mark.sizes(2, 3)
+def test_nan_gradient_on_all_ranks():
     for ctrl in (hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3), hg.Dense()):
         _nonfinite_run(float("nan"), set(range(SIZE)), ctrl)
 
@@ -186,7 +123,8 @@ def _expect_failure_everywhere(build, key):
     assert all(f"'{key}'" in o and "differs from rank 0" in o for o in everyone), everyone
 
 
-def check_mismatch_parameter_shape():
+@pytest.mark.sizes(2, 3)
+def test_mismatch_parameter_shape():
     model = _unbroadcast_model(out=5 if RANK == 0 else 6)   # no broadcast: shapes differ
     _expect_failure_everywhere(lambda: hg_opt(model, controller=hg.StaticCF(10)), "parameters")
 
@@ -197,7 +135,7 @@ def _unbroadcast_model(out):
                                torch.nn.ReLU(), torch.nn.Linear(64, out))
 
 
-def check_mismatch_parameter_names():
+def test_mismatch_parameter_names():
     model = make_model()
     named = list(model.named_parameters())
     if RANK == SIZE - 1:
@@ -207,26 +145,27 @@ def check_mismatch_parameter_names():
                                         named_parameters=named, controller=hg.StaticCF(10)), "parameters")
 
 
-def check_mismatch_compressor():
+@pytest.mark.sizes(2, 3)
+def test_mismatch_compressor():
     model = make_model()
     comp = TopKCompressor if RANK == 0 else RandomKCompressor
     _expect_failure_everywhere(lambda: hg_opt(model, controller=hg.StaticCF(10), compressor=comp), "compressor")
 
 
-def check_mismatch_gravac_settings():
+def test_mismatch_gravac_settings():
     model = make_model()
     ctrl = hg.GraVAC(theta_min=10, theta_max=1000, epsilon=0.7 if RANK == 0 else 0.9)
     _expect_failure_everywhere(lambda: hg_opt(model, controller=ctrl), "controller")
 
 
-def check_mismatch_backward_passes():
+def test_mismatch_backward_passes():
     model = make_model()
     _expect_failure_everywhere(lambda: hg_opt(model, controller=hg.StaticCF(10),
                                               backward_passes_per_step=1 + (RANK == 1)),
                                "backward_passes_per_step")
 
 
-def check_mismatch_bucket_cap_mb():
+def test_mismatch_bucket_cap_mb():
     """A rank-dependent bucket_cap_mb cuts different buckets; it must not pass the
     start-up check (when it did, one rank later failed with an IndexError)."""
     model = make_model()
@@ -235,7 +174,7 @@ def check_mismatch_bucket_cap_mb():
                                "bucket_cap_mb")
 
 
-def check_mismatch_randomk_seed():
+def test_mismatch_randomk_seed():
     """Ranks whose Random-k seeds differ pick different indices; with shared indices
     the values are summed position-blind, so this must be detected at start-up."""
     model = make_model()
@@ -270,7 +209,8 @@ def _odd_grads(model, step):
     return torch.nn.functional.cross_entropy(model(x), y)
 
 
-def check_odd_tensors():
+@pytest.mark.sizes(2, 3)
+def test_odd_tensors():
     assert not OddModel().w.is_contiguous()
     # One bucket per parameter: the tiny (numel 1 < CF) and empty buckets are sent alone.
     for ctrl, cf in ((hg.Dense(), None), (hg.StaticCF(100), 100.0), (hg.StaticCF(4), 4.0)):
@@ -328,7 +268,7 @@ def check_odd_tensors():
 
 
 # ------------------------------------------------------------------ item 4: normal use
-def check_bounded_waits_in_normal_training():
+def test_bounded_waits_in_normal_training():
     for timeout in (30.0, math.inf):
         model = make_model()
         opt = hg_opt(model, timeout_s=timeout,
@@ -340,115 +280,8 @@ def check_bounded_waits_in_normal_training():
 
 
 # ------------------------------------------------------------------ item 5: checkpoints
-N_STEPS, M_STEPS = 7, 6
-
-
-def _ckpt_configs():
-    configs = {
-        "static_topk": lambda: dict(controller=hg.StaticCF(20), compressor=TopKCompressor),
-        "gravac_topk": lambda: dict(controller=StepTimedGraVAC(theta_min=2, theta_max=256, epsilon=0.2,
-                                                               window=3, policy="geometric")),
-        "static_randomk": lambda: dict(controller=hg.StaticCF(10), compressor=RandomKCompressor(cf=10, seed=5)),
-        "gravac_randomk": lambda: dict(controller=StepTimedGraVAC(theta_min=1.5, theta_max=100, epsilon=0.2,
-                                                                  window=3, policy="geometric"),
-                                       compressor=RandomKCompressor(cf=2, seed=7)),
-        # saved mid-interval (interval 3, checkpoint after step 7): the running sum matters
-        "accordion": lambda: dict(controller=hg.Accordion(low_cf=4, high_cf=64, threshold=0.3, interval=3)),
-    }
-    extra = {"PowerSGDCompressor": ("powersgd_static", lambda c: dict(controller=hg.StaticCF(4), compressor=c)),
-             "SIDCoCompressor": ("sidco_static", lambda c: dict(controller=hg.StaticCF(20), compressor=c)),
-             "DGCCompressor": ("dgc_static", lambda c: dict(controller=hg.StaticCF(20), compressor=c)),
-             "RedSyncCompressor": ("redsync_static", lambda c: dict(controller=hg.StaticCF(20), compressor=c))}
-    if hasattr(compressors, "DGCCompressor"):
-        dgc = compressors.DGCCompressor
-        extra["DGCCompressor-sampled"] = (   # a sample smaller than the bucket: the generator matters
-            "dgc_sampled", lambda c: dict(controller=hg.StaticCF(20), bucket_cap_mb=64, compressor=lambda cf: dgc(
-                cf=cf, sample_ratio=0.05, min_sample_hits=10)))   # 6.8k entries, sample of 4096
-        extra["RedSyncCompressor-sampled"] = (
-            "redsync_sampled", lambda c: dict(controller=hg.StaticCF(20), bucket_cap_mb=64, compressor=lambda cf: c(
-                cf=cf, sample_ratio=0.05, min_sample_hits=10)))
-        extra["DGCCompressor-momentum"] = (
-            "dgc_momentum", lambda c: dict(controller=hg.StaticCF(20), compressor=dgc, momentum_correction=0.9))
-    for cls_name, (cfg, make) in extra.items():
-        if hasattr(compressors, cls_name.split("-")[0]):
-            configs[cfg] = (lambda make=make, c=getattr(compressors, cls_name.split("-")[0]): make(c))
-    return configs
-
-
-# Known resume gaps, in code these checks do not own: the check prints GAP while the resumed
-# run differs and fails once it is identical, so the entry gets removed then.
-KNOWN_RESUME_GAPS = {}
-
-
-def _ckpt_path(root, cfg, what):
-    return Path(root) / f"{cfg}.{what}.rank{RANK}.pt"
-
-
-def check_ckpt_reference(root):
-    """Uninterrupted N+M steps; the checkpoint at N is saved on the way (each rank its own
-    file: residuals differ per rank)."""
-    for cfg, make in _ckpt_configs().items():
-        model = make_model()
-        opt = hg_opt(model, **make())
-        cfs = []
-        for step in range(N_STEPS + M_STEPS):
-            if step == N_STEPS:
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()},
-                           _ckpt_path(root, cfg, "ckpt"))
-            train_steps(model, opt, 1, start=step)
-            cfs.append(opt.stats["cf"])
-        if cfg.startswith("gravac"):
-            assert len(set(cfs)) >= 3, f"{cfg}: the CF should move for a meaningful test: {cfs}"
-        assert opt.residual_bytes() > 0
-        torch.save({"params": flat_params(model), "cfs": cfs,
-                    "controller": opt.controller.state_dict(), "step": opt._step_index},
-                   _ckpt_path(root, cfg, "final"))
-        release(opt)
-
-
-def _resume(root, cfg, make, tamper=None):
-    model = make_model(seed=123)                     # fresh objects, different initial weights
-    opt = hg_opt(model, **make())
-    ckpt = torch.load(_ckpt_path(root, cfg, "ckpt"), weights_only=False)
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["optimizer"])
-    if tamper:
-        tamper(opt)
-    cfs = []
-    for step in range(N_STEPS, N_STEPS + M_STEPS):
-        train_steps(model, opt, 1, start=step)
-        cfs.append(opt.stats["cf"])
-    result = (flat_params(model), cfs, opt.controller.state_dict(), opt._step_index)
-    release(opt)
-    return result
-
-
-def check_ckpt_resume(root):
-    for cfg, make in _ckpt_configs().items():
-        ref = torch.load(_ckpt_path(root, cfg, "final"), weights_only=False)
-        params, cfs, ctrl_state, step = _resume(root, cfg, make)
-        if cfg in KNOWN_RESUME_GAPS:
-            identical = hvd.allgather_object(torch.equal(params, ref["params"]), name=f"gap.{cfg}")
-            assert not all(identical), f"{cfg} now resumes bit for bit: remove it from KNOWN_RESUME_GAPS"
-            say(f"GAP {cfg}: resumed parameters differ by {(params - ref['params']).abs().max().item():.2e} "
-                f"({KNOWN_RESUME_GAPS[cfg]})")
-            continue
-        assert cfs == ref["cfs"][N_STEPS:], f"{cfg}: CFs after resume {cfs} vs {ref['cfs'][N_STEPS:]}"
-        diff = (params - ref["params"]).abs().max().item()
-        assert torch.equal(params, ref["params"]), f"{cfg}: resumed parameters differ by {diff}"
-        assert step == ref["step"] and ctrl_state == ref["controller"], f"{cfg}: controller state differs"
-        assert_identical_across_ranks(params, f"resume.{cfg}")
-        say(f"RESUMED {cfg} bitwise identical after {N_STEPS}+{M_STEPS} steps; CFs {ref['cfs']}")
-    # The test is sensitive: dropping the residuals or the step index changes the result.
-    configs = _ckpt_configs()
-    for cfg, tamper in (("static_topk", lambda o: o._memory.reset()),
-                        ("static_randomk", lambda o: setattr(o, "_step_index", 0))):
-        ref = torch.load(_ckpt_path(root, cfg, "final"), weights_only=False)
-        params = _resume(root, cfg, configs[cfg], tamper)[0]
-        assert not torch.equal(params, ref["params"]), f"{cfg}: tampering went unnoticed"
-
-
-def check_ckpt_rank0_load_then_broadcast():
+# (resuming in a fresh job: test_checkpoint_jobs.py)
+def test_ckpt_rank0_load_then_broadcast():
     """The Horovod habit (save on rank 0; load on rank 0; broadcast) still
     works with the checked state: hvd.broadcast_optimizer_state reads only 'state' and
     'param_groups' (every rank's wrapped optimizer has state here), and
@@ -498,7 +331,7 @@ def _same_residuals(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def check_elastic_save_restore():
+def test_elastic_save_restore():
     model = make_model()
     ctrl = StepTimedGraVAC(theta_min=2, theta_max=128, epsilon=0.2, window=3, policy="geometric")
     opt = hg_opt(model, controller=ctrl)
@@ -538,7 +371,8 @@ def check_elastic_save_restore():
     release(opt)
 
 
-def check_elastic_sync():
+@pytest.mark.sizes(2, 3)
+def test_elastic_sync():
     model = make_model()
     opt = hg_opt(model, controller=StepTimedGraVAC(theta_min=2, theta_max=128, epsilon=0.2, window=3))
     state = TorchState(model=model, optimizer=opt)
@@ -566,7 +400,7 @@ def check_elastic_sync():
     release(opt)
 
 
-def check_elastic_reset_world_size():
+def test_elastic_reset_world_size():
     model = make_model()
     ctrl = hg.GraVAC(theta_min=2, theta_max=128, epsilon=0.2, window=3)
     opt = hg_opt(model, controller=ctrl)
@@ -600,7 +434,7 @@ def check_elastic_reset_world_size():
     release(opt)
 
 
-def check_elastic_real_reinit():
+def test_elastic_real_reinit():
     """The sequence hvd.elastic.run goes through after a failure: restore, shutdown +
     init (a new Horovod world), on_reset, sync; then training goes on."""
     model = make_model()
@@ -619,128 +453,3 @@ def check_elastic_real_reinit():
     train_steps(model, opt, 5, start=4)
     assert_identical_across_ranks(flat_params(model), "elastic.reinit")
     release(opt)
-
-
-def elastic_driver_run(steps=24, fail_at=8, grow_at=14):
-    """Under a real elastic driver (horovodrun --min-np 1 --max-np 2, a discovery script
-    listing localhost:1 and 127.0.0.1:1, then localhost:2 once $GRAVAC_ELASTIC_FLAG exists):
-    the worker on 127.0.0.1 dies at step ``fail_at``; the survivor restores its last
-    commit, gets a 1-rank world, resets and trains on; at ``grow_at`` it asks for a second
-    slot, a new worker joins (its optimizer state is empty) and syncs from rank 0.  Every
-    worker prints what it saw; tests/test_reliability.py checks it."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
-    # No collective outside the elastic run function: a joining worker would call it alone.
-    opt = hg.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                  named_parameters=model.named_parameters(), bucket_cap_mb=0.01,
-                                  controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.2, window=3),
-                                  check_consistency=False, timeout_s=60)
-    state = TorchState(model=model, optimizer=opt, step=0)
-    host = os.environ.get("HOROVOD_HOSTNAME", "?")
-    seen = []
-
-    @hvd.elastic.run
-    def train(state):
-        while state.step < steps:
-            if state.step == fail_at and host == "127.0.0.1":
-                print(f"worker on {host} dies at step {state.step}", flush=True)
-                os._exit(1)
-            if state.step == grow_at and hvd.size() == 1 and os.environ.get("GRAVAC_ELASTIC_FLAG"):
-                Path(os.environ["GRAVAC_ELASTIC_FLAG"]).touch()   # discovery now offers 2 slots
-                for _ in range(600):   # until the driver notices: HostsUpdatedInterrupt
-                    state.check_host_updates()
-                    time.sleep(0.1)
-            residual_max = max((float(r.abs().max()) for r in opt._memory.residuals.values()), default=0.0)
-            seen.append((state.step, hvd.size(), opt.world_size, opt.controller.world_size,
-                         opt.controller._gain_min.alpha, residual_max))
-            train_steps(model, opt, 1, start=state.step)
-            state.step += 1
-            state.commit()
-
-    train(state)
-    sizes = [s[1] for s in seen]
-    shrunk = next((s for s in seen if s[1] == 1), None)
-    grown = next((s for s in seen if s[1] == 2 and shrunk and s[0] > shrunk[0]), None)
-    flat = flat_params(model)
-    everyone = hvd.allgather(flat.unsqueeze(0), name="elastic.final")
-    same = all(torch.equal(everyone[r], everyone[0]) for r in range(hvd.size()))
-    print(f"ELASTIC host={host} rank={hvd.rank()} size={hvd.size()} first_step={seen[0][0]} "
-          f"sizes={sorted(set(sizes))} final_step={state.step} shrunk={shrunk} grown={grown} "
-          f"identical={same} finite={bool(torch.isfinite(flat).all())}", flush=True)
-
-
-# ------------------------------------------------------------------ item 4: faults
-def _stall(seconds=300):
-    print(f"rank {RANK} stalls", flush=True)
-    time.sleep(seconds)
-
-
-def fault_run(kind, timeout):
-    """Rank 1 misbehaves at step 3; rank 0 must fail with a clear error within ``timeout``."""
-    timeout_s = None if os.environ.get(comm.TIMEOUT_ENV) else float(timeout)
-    model = make_model()
-    t0 = time.monotonic()
-    try:
-        if kind == "startup" and RANK == 1:
-            _stall()
-        opt = hg_opt(model, timeout_s=timeout_s,
-                     controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=2))
-    except Exception as exc:
-        print(f"FAILED_AFTER {time.monotonic() - t0:.2f} {type(exc).__name__}: {exc}", flush=True)
-        raise
-    if RANK == 1 and kind in ("stats", "decision"):
-        # stats: stall just before the statistics-carrying bucket starts its collective;
-        # decision: in the decision broadcast.
-        owner, target = {"stats": (opt._encoder, "local_stats"), "decision": (comm, "broadcast_async_")}[kind]
-        original = getattr(owner, target)
-
-        def late(*a, **k):
-            if opt._step_index == 3:
-                _stall()
-            return original(*a, **k)
-        setattr(owner, target, late)
-    try:
-        for step in range(6):
-            if step == 3 and RANK == 1:
-                if kind == "bucket":
-                    _stall()
-                elif kind == "exit":
-                    print("rank 1 exits", flush=True)
-                    os._exit(0)
-                elif kind == "freeze":     # the whole process stops, Horovod's thread too
-                    print("rank 1 freezes", flush=True)
-                    os.kill(os.getpid(), signal.SIGSTOP)
-            t0 = time.monotonic()
-            train_steps(model, opt, 1, start=step)
-    except Exception as exc:
-        print(f"FAILED_AFTER {time.monotonic() - t0:.2f} {type(exc).__name__}: {exc}", flush=True)
-        raise
-    print(f"rank {RANK} finished without error", flush=True)
-
-
-CHECKS = {name[len("check_"):]: fn for name, fn in globals().items()
-          if name.startswith("check_") and name not in ("check_ckpt_reference", "check_ckpt_resume")}
-ALL = list(CHECKS)
-
-if __name__ == "__main__":
-    what, args = sys.argv[1], sys.argv[2:]
-    if what == "elastic_driver":
-        elastic_driver_run()
-        sys.exit(0)
-    if what.startswith("fault_"):
-        fault_run(what[len("fault_"):], *args)
-        sys.exit(0)
-    if what == "ckpt_reference":
-        check_ckpt_reference(*args)
-        names = []
-    elif what == "ckpt_resume":
-        check_ckpt_resume(*args)
-        names = []
-    else:
-        names = ALL if what == "all" else [what] + args
-    for name in names:
-        CHECKS[name]()
-        hvd.allreduce(torch.zeros(1), name=f"sync.{name}")
-        say(f"PASS {name}")
-    if what.startswith("ckpt_"):
-        say(f"PASS {what}")

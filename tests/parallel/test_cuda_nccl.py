@@ -1,20 +1,19 @@
-"""The optimizer on CUDA under horovodrun, one GPU per rank.
+"""The optimizer on CUDA under horovodrun, one GPU per rank.  Marked ``cuda``: skipped
+where torch.cuda.is_available() is False (tests/conftest.py).
 
 Run by scripts/gpu_check.sh (NOT YET RUN ON A GPU):
 
-    horovodrun -np 2 -H localhost:2 python tests/dist/cuda_checks.py
+    horovodrun -np 2 -H localhost:2 --gloo python -m pytest -v -s tests/parallel/test_cuda_nccl.py
 
 For every compressor (and GraVAC / Accordion where they apply) it trains a small model on
 ``cuda:<local rank>`` for a few steps and checks that parameters stay finite and
 bitwise identical across ranks (every rank must add the gathered payloads in the same
-order: ``comm.unpack_sum`` runs under PyTorch's deterministic mode on CUDA).  Rank 0
-prints ``PASS <case>`` or ``FAIL <case>: <error>`` per case, and ``CUDA_CHECKS <passed>/<total>``.
-Exits 1 if any case failed.
+order: ``comm.unpack_sum`` runs under PyTorch's deterministic mode on CUDA).  Each case
+prints its CFs and milliseconds per step (shown with ``-s``).
 """
-import sys
 import time
-import traceback
 
+import pytest
 import torch
 
 import horovod.torch as hvd
@@ -24,11 +23,10 @@ from horovod_gravac.compressors import (DGCCompressor, PowerSGDCompressor, Rando
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
-if not torch.cuda.is_available():
-    print("cuda_checks: torch.cuda.is_available() is False", flush=True)
-    sys.exit(2)
-torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
-DEVICE = torch.device("cuda", torch.cuda.current_device())
+if torch.cuda.is_available():
+    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+    DEVICE = torch.device("cuda", torch.cuda.current_device())
+pytestmark = pytest.mark.cuda
 
 
 def say(msg):
@@ -52,6 +50,12 @@ CASES = {
     "topk-static10-fp16": (TopKCompressor, lambda: hg.StaticCF(10)),
     "topk-static10-bf16": (TopKCompressor, lambda: hg.StaticCF(10)),
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def describe():
+    say(f"test_cuda_nccl: {SIZE} rank(s), {torch.cuda.get_device_name(DEVICE)}, torch {torch.__version__}, "
+        f"Horovod nccl_built={hvd.nccl_built()} cuda_built={hvd.cuda_built()}")
 
 
 def run_case(name, compressor, controller, steps=10):
@@ -86,34 +90,8 @@ def run_case(name, compressor, controller, steps=10):
     return cfs, ms
 
 
-def main():
-    say(f"cuda_checks: {SIZE} rank(s), {torch.cuda.get_device_name(DEVICE)}, torch {torch.__version__}, "
-        f"Horovod nccl_built={hvd.nccl_built()} cuda_built={hvd.cuda_built()}")
-    passed = 0
-    for name, (compressor, controller) in CASES.items():
-        try:
-            cfs, ms = run_case(name, compressor, controller())
-            ok = hvd.allgather_object(True, name=f"ok.{name}")
-        except Exception as exc:   # keep going: report every case
-            detail = f"{type(exc).__name__}: {exc}"
-            traceback.print_exc()
-            ok = None
-            try:
-                ok = hvd.allgather_object(False, name=f"ok.{name}")
-            except Exception:
-                pass
-            say(f"FAIL {name}: {detail[:500]}")
-            if ok is None:   # the collectives themselves broke: nothing more can run
-                break
-            continue
-        if all(ok):
-            passed += 1
-            say(f"PASS {name}: cfs {cfs}, {ms:.1f} ms/step")
-        else:
-            say(f"FAIL {name}: failed on ranks {[r for r, o in enumerate(ok) if not o]}")
-    say(f"CUDA_CHECKS {passed}/{len(CASES)}")
-    return 0 if passed == len(CASES) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+@pytest.mark.parametrize("name", list(CASES))
+def test_optimizer_on_cuda(name):
+    compressor, controller = CASES[name]
+    cfs, ms = run_case(name, compressor, controller())
+    say(f"{name}: cfs {cfs}, {ms:.1f} ms/step")

@@ -1,0 +1,122 @@
+"""Multi-rank tests: plain pytest files that every rank runs, under horovodrun.
+
+    horovodrun -np 2 -H localhost:2 --gloo python -m pytest tests/parallel/test_optimizer.py
+
+The normal test run does not collect this folder (``collect_ignore`` in tests/conftest.py);
+the tests in tests/test_*.py launch these files with ``launcher.run_parallel_tests``, under a
+timeout, and fail unless every rank's pytest passed.  Run outside horovodrun, every test
+here is skipped.
+
+Every rank collects the same tests in the same order and runs all of them (no ``-x``):
+their collectives must match.  This file adds, for each test:
+
+- the ``sizes(n, ...)`` marker: the test runs only when the job has one of these numbers
+  of ranks (it is deselected otherwise); without it, a test runs at any size;
+- an agreement on the outcome: after each test the ranks allgather pass/fail, and a test
+  that failed on any rank fails on every rank, naming the ranks, so each rank's summary
+  tells the whole story;
+- a failure is printed at once (before the agreement, which waits for the other ranks),
+  so it is in the output even when a peer then hangs and the launch is killed;
+- a final barrier after the summary, so no rank's exit ends the job (horovodrun stops
+  every rank when one fails) before the others have printed theirs.
+"""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+import horovod.torch as hvd
+
+# What horovodrun sets for each rank: Gloo (and elastic), Open MPI, other MPIs.
+RANK_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+UNDER_HOROVODRUN = any(v in os.environ for v in RANK_ENV)
+ELASTIC = os.environ.get("HOROVOD_ELASTIC") == "1"
+_config = None   # set by pytest_configure, for the hooks that are not given it
+
+
+def pytest_configure(config):
+    global _config
+    _config = config
+    config.addinivalue_line("markers", "sizes(n, ...): run only on a job of n ranks "
+                                       "(tests/parallel/conftest.py); default: any size")
+
+
+def pytest_report_header(config):
+    rank = next((os.environ[v] for v in RANK_ENV if v in os.environ), None)
+    origin = importlib.util.find_spec("horovod_gravac").origin
+    where = f"rank {rank}" if rank is not None else "not under horovodrun: every test is skipped"
+    return f"horovod_gravac from {os.path.dirname(origin)}; {where}"
+
+
+def _size():
+    return hvd.size() if hvd.is_initialized() else None
+
+
+def pytest_collection_modifyitems(config, items):
+    if not UNDER_HOROVODRUN:
+        skip = pytest.mark.skip(reason="a multi-rank test: run it under horovodrun "
+                                       "(see tests/parallel/conftest.py)")
+        for item in items:
+            item.add_marker(skip)
+        return
+    size = _size()
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("sizes")
+        (drop if marker is not None and size not in marker.args else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logstart(nodeid, location):
+    # End the line "-v" starts with the test's name: horovodrun prints only whole lines,
+    # so the test a rank is running still shows when the launch is killed.
+    tr = _terminal()
+    if tr is not None and tr.verbosity > 0:
+        tr.ensure_newline()
+
+
+def _terminal():
+    return _config.pluginmanager.get_plugin("terminalreporter") if _config else None
+
+
+def _agreeing():
+    return UNDER_HOROVODRUN and hvd.is_initialized() and hvd.size() > 1
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    # One agreement per test: after the call, or after a setup that did not pass (then
+    # there is no call).  Ranks may reach it in different phases; the name matches.
+    if not (call.when == "call" or (call.when == "setup" and not report.passed)) or not _agreeing():
+        return report
+    if report.failed:
+        tr = _terminal()
+        if tr is not None:
+            tr.write_line(f"\nFAILED on rank {hvd.rank()}: {item.nodeid}\n{report.longreprtext}\n")
+    try:
+        outcomes = hvd.allgather(torch.tensor([0 if report.failed else 1], dtype=torch.int32),
+                                 name=f"pytest.outcome.{item.nodeid}")
+    except Exception as exc:   # Horovod itself is broken: nothing after this can run
+        item.session.shouldstop = f"the ranks could not agree on {item.nodeid}: {exc}"
+        if not report.failed:
+            report.outcome = "failed"
+            report.longrepr = f"the ranks could not agree on the outcome: {type(exc).__name__}: {exc}"
+        return report
+    failed = [r for r, ok in enumerate(outcomes.tolist()) if not ok]
+    if failed and not report.failed:
+        report.outcome = "failed"
+        report.longrepr = f"failed on rank(s) {failed} (passed on rank {hvd.rank()}): see their output"
+    return report
+
+
+def pytest_unconfigure(config):
+    if _agreeing() and not ELASTIC:   # (elastic workers come and go; they end on their own)
+        try:
+            hvd.barrier()
+        except Exception as exc:   # already reported by the test that broke Horovod
+            print(f"final barrier: {type(exc).__name__}: {exc}", flush=True)

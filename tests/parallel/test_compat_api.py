@@ -1,0 +1,324 @@
+"""Drop-in checks on 2 ranks (launched by tests/test_horovod_compat.py): the API surface,
+the Dense controller bitwise equal to Horovod, sparse gradients, compression keeping ranks
+identical (also on 3 ranks), freezing, unfreezing and add_param_group after wrapping.
+"""
+import inspect
+
+import pytest
+import torch
+
+import horovod.torch as hvd
+import horovod_gravac as hg
+
+from compat_helpers import (TIMEOUT_S, EmbNet, Net, assert_ranks_identical, assert_same, emb_batch,
+                           flat, hg_opt, hvd_opt, make, note, record_failure, release, sgd, train)
+
+pytestmark = pytest.mark.sizes(2)
+
+
+# API surface
+HVD_POSITIONAL = ["optimizer", "named_parameters", "compression", "backward_passes_per_step", "op",
+                  "gradient_predivide_factor", "num_groups", "groups", "sparse_as_dense",
+                  "process_set"]
+HG_KEYWORD_ONLY = ["compressor", "controller", "bucket_cap_mb", "check_consistency",
+                   "momentum_correction", "local_clip_norm", "timeout_s", "overlap_consensus",
+                   "nonfinite", "grad_scaler"]
+
+
+def test_api_signature():
+    theirs = list(inspect.signature(hvd.DistributedOptimizer).parameters)
+    assert theirs == HVD_POSITIONAL, f"unexpected Horovod signature {theirs}"
+    sig = inspect.signature(hg.DistributedOptimizer)
+    params = list(sig.parameters.values())
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    assert positional == HVD_POSITIONAL, \
+        f"hg.DistributedOptimizer's positional parameters {positional} != Horovod's {HVD_POSITIONAL}"
+    hvd_defaults = {k: v.default for k, v in inspect.signature(hvd.DistributedOptimizer).parameters.items()}
+    for p in params:
+        if p.name in HVD_POSITIONAL[1:]:
+            ok = p.default is hvd_defaults[p.name] or p.default == hvd_defaults[p.name]
+            assert ok, f"default of {p.name}: {p.default!r}, Horovod's is {hvd_defaults[p.name]!r}"
+    kwonly = [p.name for p in params if p.kind == p.KEYWORD_ONLY]
+    missing = [n for n in HG_KEYWORD_ONLY if n not in kwonly]
+    assert not missing, f"keyword-only options missing: {missing} (keyword-only are {kwonly})"
+
+
+def test_api_methods_and_positional_construction():
+    model = make()
+    # exactly Horovod's positional order
+    opt = hg.DistributedOptimizer(sgd(model), model.named_parameters(), hvd.Compression.none, 1,
+                                  hvd.Average, 1.0, 0, None, False, hvd.global_process_set,
+                                  controller=hg.Dense(), timeout_s=TIMEOUT_S)
+    for name in ("set_backward_passes_per_step", "synchronize", "skip_synchronize", "step",
+                 "zero_grad", "state_dict", "load_state_dict", "add_param_group"):
+        assert callable(getattr(opt, name, None)), f"hg optimizer has no method {name}()"
+    assert isinstance(opt, torch.optim.SGD), "the wrapped optimizer's class is not preserved"
+    assert isinstance(getattr(opt, "stats", None), dict), "opt.stats is not a dict"
+    train(model, opt, 2)
+    assert "cf" in opt.stats, f"opt.stats has no 'cf' after a step: {opt.stats}"
+    assert_ranks_identical(flat(model), "positional construction")
+    # every keyword of Horovod, by keyword
+    model = make()
+    opt = hg.DistributedOptimizer(optimizer=sgd(model), named_parameters=model.named_parameters(),
+                                  compression=hvd.Compression.none, backward_passes_per_step=1,
+                                  op=hvd.Average, gradient_predivide_factor=1.0, num_groups=0,
+                                  groups=None, sparse_as_dense=False, process_set=hvd.global_process_set,
+                                  timeout_s=TIMEOUT_S)
+    train(model, opt, 2)
+    assert_ranks_identical(flat(model), "keyword construction")
+    release(opt)
+
+
+def test_adasum_rejected_at_construction():
+    model = make()
+    try:
+        opt = hg.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
+                                      op=hvd.Adasum, timeout_s=TIMEOUT_S)
+    except ValueError as exc:
+        assert "adasum" in str(exc).lower(), f"ValueError does not name Adasum: {exc}"
+    else:
+        release(opt)
+        raise AssertionError("op=hvd.Adasum was accepted at construction (expected ValueError naming Adasum)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Dense controller == Horovod
+def _dense_variants():
+    def groups_list(m):
+        return dict(groups=[[m.fc1.weight, m.fc1.bias], [m.fc3.weight, m.fc2.weight]])
+    return {
+        "sgd_momentum": lambda m: {},
+        "op_sum": lambda m: dict(op=hvd.Sum),
+        "op_average_explicit": lambda m: dict(op=hvd.Average),
+        "predivide_2": lambda m: dict(op=hvd.Average, gradient_predivide_factor=2.0),
+        "fp16_compression": lambda m: dict(compression=hvd.Compression.fp16),
+        "fp16_predivide_4": lambda m: dict(compression=hvd.Compression.fp16, gradient_predivide_factor=4.0),
+        "bpps_2": lambda m: dict(backward_passes_per_step=2),
+        "groups_2": lambda m: dict(groups=2),
+        "groups_list": groups_list,
+        "num_groups_2": lambda m: dict(num_groups=2),
+        "sum_bpps_2_fp16": lambda m: dict(op=hvd.Sum, backward_passes_per_step=2,
+                                          compression=hvd.Compression.fp16),
+    }
+
+
+def _dense_pair(kwfn, steps=5, hg_extra=None):
+    a, b = make(), make()
+    kw_a, kw_b = kwfn(a), kwfn(b)
+    bpps = kw_a.get("backward_passes_per_step", 1)
+    ref = hvd_opt(a, **kw_a)
+    train(a, ref, steps, bpps=bpps)
+    ours = hg_opt(b, controller=hg.Dense(), **kw_b, **(hg_extra or {}))
+    train(b, ours, steps, bpps=bpps)
+    release(ours)
+    return a, b, ours
+
+
+def test_dense_bitwise_variants():
+    failures = []
+    for name, kwfn in _dense_variants().items():
+        try:
+            a, b, _ = _dense_pair(kwfn)
+            assert_same(flat(a), flat(b), f"Dense[{name}]")
+            assert_ranks_identical(flat(b), f"Dense[{name}]")
+        except Exception as exc:  # keep going: report every variant
+            record_failure(failures, name, exc)
+    if failures:
+        raise AssertionError("Dense != hvd.DistributedOptimizer for: " + " | ".join(failures))
+
+
+def test_dense_fp16_is_fp16_on_the_wire():
+    """compression=fp16 must round like fp16 on the wire: differs from the fp32 run."""
+    a, b, _ = _dense_pair(lambda m: dict(compression=hvd.Compression.fp16))
+    c, d, _ = _dense_pair(lambda m: {})
+    assert not torch.equal(flat(b), flat(d)), "compression=hvd.Compression.fp16 gave the fp32 result"
+
+
+def test_set_backward_passes_per_step():
+    a, b = make(), make()
+    ref, ours = hvd_opt(a), hg_opt(b, controller=hg.Dense())
+    ref.set_backward_passes_per_step(2)
+    ours.set_backward_passes_per_step(2)
+    train(a, ref, 4, bpps=2)
+    train(b, ours, 4, bpps=2)
+    assert_same(flat(a), flat(b), "set_backward_passes_per_step(2)")
+    # back to 1 mid-training
+    ref.set_backward_passes_per_step(1)
+    ours.set_backward_passes_per_step(1)
+    train(a, ref, 2, first=20)
+    train(b, ours, 2, first=20)
+    assert_same(flat(a), flat(b), "set_backward_passes_per_step(2) then (1)")
+    assert_ranks_identical(flat(b), "set_backward_passes_per_step")
+    release(ours)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse gradients (nn.Embedding(sparse=True))
+def _sparse_pair(base_fn, sparse_as_dense, controller, steps=4, head=True):
+    a, b = make(EmbNet, head=head), make(EmbNet, head=head)
+    ref = hvd_opt(a, base_fn(a), sparse_as_dense=sparse_as_dense)
+    train(a, ref, steps, data=emb_batch)
+    ours = hg_opt(b, base_fn(b), sparse_as_dense=sparse_as_dense, controller=controller)
+    train(b, ours, steps, data=emb_batch)
+    release(ours)
+    return a, b
+
+
+def test_sparse_embedding_sgd_dense_controller():
+    for sad in (True, False):
+        a, b = _sparse_pair(lambda m: sgd(m, lr=0.5, momentum=0.0), sad, hg.Dense())
+        what = f"Embedding(sparse=True)+SGD sparse_as_dense={sad}"
+        if sad:
+            assert_same(flat(a), flat(b), what)
+        else:
+            # Horovod hands SGD an uncoalesced sparse gradient (allgathered rows / size);
+            # a different but equivalent summation order is allowed here.
+            assert_same(flat(a), flat(b), what, bitwise=False, atol=1e-6)
+            note(f"{what}: bitwise equal to Horovod: {torch.equal(flat(a), flat(b))}")
+        assert_ranks_identical(flat(b), what)
+
+
+def test_sparse_embedding_sparseadam_dense_controller():
+    for sad in (False, True):
+        a, b = _sparse_pair(lambda m: torch.optim.SparseAdam(list(m.parameters()), lr=0.05), sad,
+                            hg.Dense(), head=False)
+        what = f"Embedding(sparse=True)+SparseAdam sparse_as_dense={sad}"
+        # SparseAdam coalesces Horovod's gradient: sums in another order than an allreduce.
+        assert_same(flat(a), flat(b), what, bitwise=False, atol=1e-6)
+        note(f"{what}: bitwise equal to Horovod: {torch.equal(flat(a), flat(b))}")
+        assert_ranks_identical(flat(b), what)
+
+
+def test_sparse_embedding_compressed_ranks_identical():
+    for sad in (False, True):
+        for cname, ctrl in (("StaticCF(10)", lambda: hg.StaticCF(10)),
+                            ("GraVAC", lambda: hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))):
+            _, b = _sparse_pair(lambda m: sgd(m, lr=0.5, momentum=0.0), sad, ctrl(), steps=6)
+            assert_ranks_identical(flat(b), f"Embedding(sparse=True)+SGD {cname} sparse_as_dense={sad}")
+        _, b = _sparse_pair(lambda m: torch.optim.SparseAdam(list(m.parameters()), lr=0.05), sad,
+                            hg.StaticCF(10), steps=6, head=False)
+        assert_ranks_identical(flat(b), f"Embedding(sparse=True)+SparseAdam StaticCF(10) sparse_as_dense={sad}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Compression keeps ranks identical
+def _compressed_modes():
+    return {
+        "StaticCF(10)+TopK": dict(controller=hg.StaticCF(10), compressor=hg.TopKCompressor),
+        "StaticCF(10)+RandomK(shared seed)": dict(controller=hg.StaticCF(10),
+                                                   compressor=hg.RandomKCompressor(cf=10, seed=3)),
+        "GraVAC(window=5)": dict(controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=5)),
+        "GraVAC(geometric)": dict(controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=5,
+                                                       policy="geometric")),
+        "Accordion": dict(controller=hg.Accordion(low_cf=4, high_cf=64, threshold=0.5, interval=4)),
+        "StaticCF(10)+predivide_2": dict(controller=hg.StaticCF(10), gradient_predivide_factor=2.0),
+    }
+
+
+@pytest.mark.sizes(2, 3)
+def test_compressed_ranks_identical():
+    failures = []
+    for name, kw in _compressed_modes().items():
+        try:
+            model = make()
+            cfs = []
+            opt = hg_opt(model, **kw)
+            for step in range(12):
+                train(model, opt, 1, first=step)
+                cfs.append(opt.stats.get("cf"))
+            assert_ranks_identical(flat(model), name)
+            everyone = hvd.allgather_object(cfs)
+            assert all(c == everyone[0] for c in everyone), f"{name}: ranks report different CFs {everyone}"
+            if name.startswith("StaticCF"):
+                assert cfs[-1] == 10, f"{name}: stats['cf'] {cfs}"
+            release(opt)
+        except Exception as exc:
+            record_failure(failures, name, exc)
+    if failures:
+        raise AssertionError(" | ".join(failures))
+
+
+# ---------------------------------------------------------------------------------------------
+# Freezing, unfreezing, add_param_group
+def _ctrl3():
+    return (("Dense", hg.Dense), ("StaticCF(10)", lambda: hg.StaticCF(10)),
+            ("GraVAC", lambda: hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3)))
+
+
+def test_freeze_mid_training():
+    failures = []
+    for name, ctrl_fn in _ctrl3():
+        try:
+            model = make()
+            opt = hg_opt(model, controller=ctrl_fn())
+            train(model, opt, 3)
+            model.fc1.requires_grad_(False)
+            opt.zero_grad(set_to_none=True)
+            frozen = torch.cat([model.fc1.weight.detach().reshape(-1), model.fc1.bias.detach()]).clone()
+            train(model, opt, 6, first=3)
+            now = torch.cat([model.fc1.weight.detach().reshape(-1), model.fc1.bias.detach()])
+            assert torch.equal(frozen, now), \
+                f"{name}: frozen layer changed by {(frozen - now).abs().max():.3e}"
+            assert_ranks_identical(flat(model), f"freeze + {name}")
+            release(opt)
+        except Exception as exc:
+            record_failure(failures, name, exc)
+    if failures:
+        raise AssertionError(" | ".join(failures))
+
+
+def test_unfreeze_layer_frozen_at_wrap_time():
+    failures = []
+    for name, ctrl_fn in _ctrl3():
+        try:
+            model = make()
+            model.fc1.requires_grad_(False)
+            opt = hg_opt(model, controller=ctrl_fn())
+            train(model, opt, 3)
+            model.fc1.requires_grad_(True)
+            before = model.fc1.weight.detach().clone()
+            train(model, opt, 5, first=3)
+            assert_ranks_identical(flat(model), f"unfreeze + {name}")
+            note(f"unfreeze + {name}: the unfrozen layer was trained: "
+                 f"{not torch.equal(before, model.fc1.weight.detach())}")
+            release(opt)
+        except Exception as exc:
+            record_failure(failures, name, exc)
+    if failures:
+        raise AssertionError(" | ".join(failures))
+
+
+class Grown(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = Net()
+        torch.manual_seed(5)
+        self.extra = torch.nn.Linear(4, 4)
+        self.use_extra = False
+
+    def forward(self, x):
+        out = self.body(x)
+        return self.extra(out) if self.use_extra else out
+
+
+def test_add_param_group_after_wrapping():
+    failures = []
+    for name, ctrl_fn in _ctrl3():
+        try:
+            model = make(Grown)
+            opt = hg.DistributedOptimizer(sgd(None, params=model.body.parameters()),
+                                          named_parameters=model.body.named_parameters(),
+                                          controller=ctrl_fn(), timeout_s=TIMEOUT_S)
+            train(model, opt, 3)
+            opt.add_param_group({"params": list(model.extra.parameters())})
+            model.use_extra = True
+            before = model.extra.weight.detach().clone()
+            train(model, opt, 5, first=3)
+            assert_ranks_identical(flat(model), f"add_param_group + {name}")
+            note(f"add_param_group + {name}: the new layer was trained: "
+                 f"{not torch.equal(before, model.extra.weight.detach())}")
+            release(opt)
+        except Exception as exc:
+            record_failure(failures, name, exc)
+    if failures:
+        raise AssertionError(" | ".join(failures))
