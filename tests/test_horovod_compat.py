@@ -12,18 +12,19 @@ directory), else this checkout; e.g. to test another checkout's package with the
 """
 import os
 import re
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from launcher import ROOT, check_parallel_tests, launch_parallel_tests, rank_summaries
+from launcher import (ROOT, check_parallel_tests, horovodrun_cmd, launch_parallel_tests, rank_summaries,
+                      run_with_timeout)
 
 IMPL_ROOT = Path(os.environ.get("HOROVOD_GRAVAC_TEST_ROOT", str(ROOT))).resolve()
 
 
-def launch(np_, tests, timeout, mpi=False, env=None):
-    """pytest on ``np_`` local ranks, ``tests`` from tests/parallel, the package from IMPL_ROOT;
-    returns (exit status or None on timeout, output)."""
+def _horovod_env(timeout, mpi, env):
     # Horovod itself aborts a stalled collective instead of waiting forever
     full_env = dict(HOROVOD_STALL_CHECK_TIME_SECONDS="30",
                     HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=str(max(60, timeout - 30)))
@@ -31,13 +32,31 @@ def launch(np_, tests, timeout, mpi=False, env=None):
         full_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                         OMPI_MCA_btl_vader_single_copy_mechanism="none")
     full_env.update(env or {})
-    return launch_parallel_tests(np_, *tests, timeout=timeout, env=full_env, gloo=not mpi,
-                                 pythonpath=IMPL_ROOT)
+    return full_env
+
+
+def launch(np_, script, args, timeout, mpi=False, env=None):
+    """horovodrun ``script args`` on ``np_`` local ranks (test_horovod_examples.py's scripts);
+    returns (returncode or None on timeout, output)."""
+    cmd = horovodrun_cmd(np_, [sys.executable, script, *args], gloo=not mpi)
+    start = time.monotonic()
+    rc, out = run_with_timeout(cmd, timeout, env=_horovod_env(timeout, mpi, env), pythonpath=IMPL_ROOT)
+    if rc is None:
+        out += f"\n*** TIMEOUT after {timeout}s: a rank hung; every rank was killed ***\n"
+    out += f"\n[launch took {time.monotonic() - start:.1f}s]\n"
+    return rc, out
+
+
+def launch_tests(np_, tests, timeout, mpi=False, env=None):
+    """pytest on ``np_`` local ranks, ``tests`` from tests/parallel; returns (returncode or
+    None on timeout, output)."""
+    return launch_parallel_tests(np_, *tests, timeout=timeout, env=_horovod_env(timeout, mpi, env),
+                                 gloo=not mpi, pythonpath=IMPL_ROOT)
 
 
 def run(np_, tests, timeout, **kw):
-    """``launch``; fails unless every rank's pytest passed."""
-    rc, out = launch(np_, tests, timeout, **kw)
+    """``launch_tests``; fails unless every rank's pytest passed."""
+    rc, out = launch_tests(np_, tests, timeout, **kw)
     check_parallel_tests(f"{np_}-rank pytest of {' '.join(tests)}", rc, out, timeout, range(np_))
 
 
@@ -68,7 +87,7 @@ def test_process_set_dense_matches_hvd_and_excludes_rank2(mode):
 
 def test_no_hang_user_collectives_under_mpi():
     tests = ["test_compat_collectives.py::test_no_hang_user_collectives"]
-    rc, out = launch(2, tests, 180, mpi=True)
+    rc, out = launch_tests(2, tests, 180, mpi=True)
     if rc != 0 and re.search(r"MPI (is )?not (built|available|supported)|mpirun.*not found|"
                              r"requires.*MPI|Horovod was not compiled with MPI", out, re.I) \
             and not rank_summaries(out):

@@ -283,8 +283,8 @@ def test_real_elastic_driver_shrinks_and_grows(tmp_path):
                 "--gloo"]
     rc, out = launch_parallel_tests(2, "test_elastic_driver.py", timeout=240, launcher=launcher,
                                     env={"GRAVAC_ELASTIC_FLAG": str(flag)})
-    # The survivor reports as rank 0, the worker that joined as rank 1 (the one that died
-    # before it, also rank 1, never gets to a summary).
+    # The two workers that finish print a pytest summary each, as ranks 0 and 1; the one
+    # that died never gets to its summary.
     check_parallel_tests("elastic pytest of test_elastic_driver.py", rc, out, 240, range(2))
 
 
