@@ -173,6 +173,65 @@ def _grouped_buckets(named, groups, cap_bytes) -> List[_Bucket]:
     return buckets + _make_buckets(rest, cap_bytes, first_index=len(buckets))
 
 
+class _ElasticSupport:
+    """What ``horovod_gravac/elastic.py`` needs from the optimizer, as public methods, so
+    that nothing there reaches into private state.  Its methods are copied into the
+    wrapper class beside ``_GravacDistributedOptimizer``'s (see ``DistributedOptimizer``)."""
+
+    @property
+    def timeout_s(self) -> float:
+        """Seconds any collective of this optimizer may take (``math.inf``: no limit)."""
+        return self._timeout
+
+    def drop_in_flight(self) -> None:
+        """Forget a step that was interrupted (buckets launched, collectives never finished):
+        their handles died with the old world.  A decision broadcast still in flight is
+        dropped too, so it cannot overwrite a state restored afterwards."""
+        if self._exchange is not None:
+            self._exchange.drop()
+        for bucket in self._buckets:
+            bucket.reset()
+        self._reset_delays()
+        self._record = StepRecord()
+        self._step_start = None
+        self._synchronized = False
+
+    def reset_residuals(self) -> None:
+        """Zero this rank's pending state: residuals, momentum-correction velocities,
+        Accordion's interval sums; PowerSGD's warm starts go back to the seeded Q."""
+        self._memory.reset()
+        self._interval.reset()
+        self._warm.clear()
+
+    def set_world_size(self, n: int) -> bool:
+        """Take ``n`` ranks as the world (after a membership change); GraVAC's EWMA factor
+        follows it.  Returns whether it changed."""
+        changed = n != self._link.world
+        self._link.world = n
+        ctrl = self.controller
+        if hasattr(ctrl, "set_world_size"):
+            ctrl.set_world_size(n)   # GraVAC: EWMA factor N/100 unless ewma_alpha was given
+        return changed
+
+    def mark_state_synced(self) -> None:
+        """Every rank already holds rank 0's controller state and step index: skip the
+        once-per-optimizer sync before the first bucket (a joining worker would run it alone)."""
+        self._state_synced = True
+
+    @property
+    def world_size(self) -> int:
+        """Ranks taking part (the process set's size; it changes in elastic training)."""
+        return self._link.world
+
+    def bucketed_parameters(self) -> List[Tuple[str, torch.nn.Parameter]]:
+        """(name, parameter) of every parameter sent in a bucket (sparse ones are not)."""
+        return [(n, p) for b in self._buckets for n, p in zip(b.names, b.params)]
+
+    def new_compressor(self, cf: float) -> GradientCompressor:
+        """A fresh compressor of this optimizer's kind and settings at ``cf``."""
+        return self._encoder.compressor_factory(cf)
+
+
 class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, opts: dict):
         super(self.__class__, self).__init__(params)
@@ -395,60 +454,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             self._step_index += 1
         self._step_start = time.perf_counter()
         self._record = StepRecord()
-
-    # -- elastic training (horovod_gravac/elastic.py uses only these) ----------------------
-    @property
-    def timeout_s(self) -> float:
-        """Seconds any collective of this optimizer may take (``math.inf``: no limit)."""
-        return self._timeout
-
-    def drop_in_flight(self) -> None:
-        """Forget a step that was interrupted (buckets launched, collectives never finished):
-        their handles died with the old world.  A decision broadcast still in flight is
-        dropped too, so it cannot overwrite a state restored afterwards."""
-        if self._exchange is not None:
-            self._exchange.drop()
-        for bucket in self._buckets:
-            bucket.reset()
-        self._reset_delays()
-        self._record = StepRecord()
-        self._step_start = None
-        self._synchronized = False
-
-    def reset_residuals(self) -> None:
-        """Zero this rank's pending state: residuals, momentum-correction velocities,
-        Accordion's interval sums; PowerSGD's warm starts go back to the seeded Q."""
-        self._memory.reset()
-        self._interval.reset()
-        self._warm.clear()
-
-    def set_world_size(self, n: int) -> bool:
-        """Take ``n`` ranks as the world (after a membership change); GraVAC's EWMA factor
-        follows it.  Returns whether it changed."""
-        changed = n != self._link.world
-        self._link.world = n
-        ctrl = self.controller
-        if hasattr(ctrl, "set_world_size"):
-            ctrl.set_world_size(n)   # GraVAC: EWMA factor N/100 unless ewma_alpha was given
-        return changed
-
-    def mark_state_synced(self) -> None:
-        """Every rank already holds rank 0's controller state and step index: skip the
-        once-per-optimizer sync before the first bucket (a joining worker would run it alone)."""
-        self._state_synced = True
-
-    @property
-    def world_size(self) -> int:
-        """Ranks taking part (the process set's size; it changes in elastic training)."""
-        return self._link.world
-
-    def bucketed_parameters(self) -> List[Tuple[str, torch.nn.Parameter]]:
-        """(name, parameter) of every parameter sent in a bucket (sparse ones are not)."""
-        return [(n, p) for b in self._buckets for n, p in zip(b.names, b.params)]
-
-    def new_compressor(self, cf: float) -> GradientCompressor:
-        """A fresh compressor of this optimizer's kind and settings at ``cf``."""
-        return self._encoder.compressor_factory(cf)
 
     @property
     def controller(self) -> Controller:
@@ -827,7 +832,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                 local_clip_norm=local_clip_norm, timeout_s=timeout_s,
                 overlap_consensus=overlap_consensus, nonfinite=nonfinite, grad_scaler=grad_scaler,
                 join_safe=join_safe)
-    attrs = dict(_GravacDistributedOptimizer.__dict__)
+    attrs = {k: v for cls in (_ElasticSupport, _GravacDistributedOptimizer) for k, v in cls.__dict__.items()
+             if k not in ("__dict__", "__weakref__")}
     attrs["__module__"] = _HOROVOD_OPTIMIZER_MODULE   # see the note at its definition
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), attrs)
     return cls(optimizer.param_groups, named_parameters, opts)
