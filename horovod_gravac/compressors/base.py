@@ -74,8 +74,6 @@ class SparseCompressor(Selector, GradientCompressor):
 
     Attributes (besides :class:`GradientCompressor`'s):
         cf: the target compression factor (``numel / kept``).
-        exact_multilevel: True when ``compress_further`` gives exactly what direct
-            compression at the product CF gives (Top-k).
     """
 
     # -- Horovod's Compressor contract -------------------------------------------

@@ -22,11 +22,8 @@ class Selector:
 
     Attributes:
         cf: the target compression factor (``numel / kept``).
-        exact_multilevel: True when selecting ``k2`` of the ``k1`` entries selected gives
-            exactly what selecting ``k2`` directly gives (Top-k).
     """
 
-    exact_multilevel = False
 
     def __init__(self, cf: float = 100.0):
         self.cf = check_cf(cf)

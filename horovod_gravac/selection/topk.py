@@ -332,7 +332,6 @@ class TopKSelector(Selector):
     ``seed``; the global RNG is never touched).  The kept set does not depend on it.
     """
 
-    exact_multilevel = True
 
     def __init__(self, cf: float = 100.0, seed: int = 0):
         super().__init__(cf)
