@@ -25,7 +25,7 @@ class StepRecord:
         self.launched = 0                  # buckets launched this step
         self.control_bytes = 0             # statistics carried for the controller
         self.step_stats: Optional[StepStats] = None     # rank-averaged, from the carrier bucket
-        self.at_boundary = False           # Accordion: this step ends an interval
+        self.at_boundary = False           # this step ends an accumulation interval
         self.open = False                  # a hook of this step has run
 
     def add_transfer(self, transfer) -> None:
@@ -36,12 +36,14 @@ class StepRecord:
         self.floats_sent += transfer.floats_sent
         self.control_bytes += transfer.control_bytes
 
-    def local_stats(self, scale: float, accumulated_sq: float) -> StepStats:
+    def local_stats(self, scale: float, accumulated_sq: float, window_dot: float = 0.0,
+                    window_sent_sq: float = 0.0) -> StepStats:
         """This rank's statistics (unscaled by the loss scale), sent with the carrier."""
         s2 = scale * scale
         n = self.norms
         return StepStats(ef_sq=float(n[0]) / s2, min_sq=float(n[1]) / s2, candidate_sq=float(n[2]) / s2,
                          grad_sq=self.grad_sq / s2, accumulated_sq=accumulated_sq,
+                         window_dot=window_dot, window_sent_sq=window_sent_sq,
                          nonfinite=float(self.nonfinite > 0))
 
     def summary(self, step: int, decision, dense_floats: int, step_time: float, comm_time: float,

@@ -43,6 +43,8 @@ def observation(step_stats: StepStats, step_time: float, world: int, at_boundary
         ef_sq=s.ef_sq, min_sq=s.min_sq, candidate_sq=s.candidate_sq,
         step_time=step_time, samples=float(world), grad_sq=s.grad_sq,
         accumulated_sq=s.accumulated_sq if at_boundary else None,
+        window_dot=s.window_dot if at_boundary else None,
+        window_sent_sq=s.window_sent_sq if at_boundary else None,
         # Not finite: a rank saw NaN/Inf, or a float32-carried statistic overflowed.
         finite=s.nonfinite == 0.0 and all(map(math.isfinite, s.to_list())))
 

@@ -78,7 +78,8 @@ class BucketEncoder:
                                   backup=self.grad_scaler is not None)
             _park_frozen(bucket, g_ef)
             bucket.update_residual = True
-            return self._compress(bucket, g_ef, decision, record, step_index, with_stats, measure=True)
+            return self._compress(bucket, g_ef, decision, record, step_index, with_stats, measure=True,
+                                  scale=scale)
         record.nonfinite += 1
         return self._nonfinite(bucket, grads, decision, record, step_index, with_stats)
 
@@ -101,9 +102,12 @@ class BucketEncoder:
                               poison=True)
 
     def _compress(self, bucket, g_ef, decision: Decision, record: StepRecord, step_index: int,
-                  with_stats: bool, measure: bool, poison: bool = False) -> Transfer:
+                  with_stats: bool, measure: bool, poison: bool = False, scale: float = 1.0) -> Transfer:
         name = self.bucket_name(bucket)
+        delivery = measure and self.controller.tracks_delivery   # D += what this rank sends
         if decision.candidate_cf == DENSE:   # nothing to compress or measure: plain allreduce
+            if delivery:
+                self._add_sent(bucket, scale, dense=g_ef)
             return DenseAllreduce(self.link, name, g_ef, with_stats, self.wire)
         # theta_min == 1 keeps everything: the candidate then comes from g_ef directly.
         comp_min = self.compressor(decision.theta_min if decision.theta_min > DENSE else decision.candidate_cf)
@@ -129,8 +133,12 @@ class BucketEncoder:
         if decision.send_cf == DENSE:
             if poison:
                 g_ef[0] = float("nan")
+            if delivery:
+                self._add_sent(bucket, scale, dense=g_ef)
             return DenseAllreduce(self.link, name, g_ef, with_stats, self.wire)
         payload = payload_c if decision.send_cf == decision.candidate_cf else payload_min
+        if delivery:
+            self._add_sent(bucket, scale, values=payload.values, indices=payload.indices)
         if poison:   # every rank's sum must come out non-finite
             payload = _poisoned(payload, comp_min.shared_indices, bucket.device)
         args = (self.link, name, payload, bucket.numel, bucket.device, with_stats)
@@ -140,6 +148,10 @@ class BucketEncoder:
         if self.join_safe:
             return SlottedSparse(*args, decision.send_cf)
         return SparseAllgather(*args)
+
+    def _add_sent(self, bucket, scale: float, **sent) -> None:
+        self.interval.add_sent(bucket.index, bucket.numel, bucket.device, scale,
+                               backup=self.grad_scaler is not None, **sent)
 
     def commit_residual(self, bucket, scale: float, rollback: bool) -> None:
         """residual = g_ef - sent, once the step's collectives are done (or, for a step
@@ -159,15 +171,16 @@ class BucketEncoder:
 
     def local_stats(self, record: StepRecord, buckets, scale: float) -> StepStats:
         """This rank's statistics of the step, sent with the carrier bucket: squared norms
-        of g_ef, g_min and g_c, of the raw gradient, Accordion's interval sum (at an
-        interval's end, else 0) and whether any bucket was NaN/Inf (all unscaled)."""
+        of g_ef, g_min and g_c, of the raw gradient, at an accumulation interval's end
+        ||G||^2, <D, G> and ||D||^2 of the interval's sums (else 0), and whether any bucket
+        was NaN/Inf (all unscaled)."""
         ctrl = self.controller
-        interval = getattr(ctrl, "interval", None)
+        interval = ctrl.accumulation_interval
         record.at_boundary = interval is not None and (ctrl.step + 1) % interval == 0
-        acc_sq = 0.0
-        if record.at_boundary:   # Accordion: the interval's gradient sum, then start a new sum
-            acc_sq = self.interval.take_squared_norm(buckets)
-        return record.local_stats(scale, acc_sq)
+        window = (0.0, 0.0, 0.0)
+        if record.at_boundary:   # the interval's sums, then start new ones
+            window = self.interval.take_window(buckets)
+        return record.local_stats(scale, *window)
 
 
 def _bucket_grads(bucket) -> List[Optional[torch.Tensor]]:

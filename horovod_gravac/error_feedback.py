@@ -23,7 +23,7 @@ the raw gradients over the current interval.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -181,49 +181,95 @@ class ErrorFeedback:
 
 
 class IntervalSum:
-    """Accordion's running sum of the raw (unscaled) gradients over the current interval,
-    one fp32 buffer per bucket; its squared norm is read (and the sum restarted) at the
-    interval's end."""
+    """Running sums over the current accumulation interval, one fp32 buffer per bucket:
+    ``sums`` of the raw (unscaled) gradients G (Accordion, and GraVAC's "delivered"
+    variant) and, when asked, ``sent`` of what this rank sent D (the compressed error-fed
+    gradient; "delivered").  Read, and restarted, at the interval's end."""
 
     def __init__(self):
         self.sums: Dict[int, torch.Tensor] = {}
-        self._backups: Dict[int, torch.Tensor] = {}   # see add(backup=True)
+        self.sent: Dict[int, torch.Tensor] = {}
+        self._backups: Dict[Tuple[str, int], torch.Tensor] = {}   # see add(backup=True)
+
+    def _buffer(self, table: Dict[int, torch.Tensor], tag: str, key: int, numel: int, device,
+                backup: bool) -> torch.Tensor:
+        acc = table.get(key)
+        if acc is None:
+            acc = table[key] = torch.zeros(numel, dtype=torch.float32, device=device)
+        if backup:
+            saved = self._backups.get((tag, key))
+            if saved is None:
+                saved = self._backups[(tag, key)] = torch.empty_like(acc)
+            saved.copy_(acc)
+        return acc
 
     def add(self, key: int, grads, offsets, numel: int, device, scale: float, backup: bool) -> None:
-        """sum += g / scale.  ``backup``: remember the sum before, for :meth:`rollback`
+        """G += g / scale.  ``backup``: remember the sum before, for :meth:`rollback`
         (a step that every rank skips: a loss-scaler overflow)."""
-        acc = self.sums.get(key)
-        if acc is None:
-            acc = self.sums[key] = torch.zeros(numel, dtype=torch.float32, device=device)
-        if backup:
-            if key not in self._backups:
-                self._backups[key] = torch.empty_like(acc)
-            self._backups[key].copy_(acc)
+        acc = self._buffer(self.sums, "sums", key, numel, device, backup)
         for g, (s, e) in zip(grads, offsets):
             if g is not None:
                 acc[s:e].add_(g.reshape(-1), alpha=1.0 / scale)
 
+    def add_sent(self, key: int, numel: int, device, scale: float, backup: bool,
+                 dense: Optional[torch.Tensor] = None, values=None, indices=None) -> None:
+        """D += sent / scale: a dense vector, or sparse ``values`` at ``indices``."""
+        acc = self._buffer(self.sent, "sent", key, numel, device, backup)
+        if dense is not None:
+            acc.add_(dense, alpha=1.0 / scale)
+        elif values is not None and values.numel():
+            acc.index_add_(0, indices.long(), values.to(torch.float32), alpha=1.0 / scale)
+
     def rollback(self, key: int) -> None:
-        if key in self._backups:
-            self.sums[key].copy_(self._backups[key])
+        for tag, table in (("sums", self.sums), ("sent", self.sent)):
+            if (tag, key) in self._backups and key in table:
+                table[key].copy_(self._backups[(tag, key)])
 
     def take_squared_norm(self, buckets) -> float:
-        """The interval's squared norm (summed in bucket order), then a new interval."""
-        total = sum(float(self.sums[b.index].double().pow(2).sum()) for b in buckets if b.index in self.sums)
+        """||G||^2 over the interval (summed in bucket order), then a new interval."""
+        return self.take_window(buckets)[0]
+
+    def take_window(self, buckets) -> Tuple[float, float, float]:
+        """(||G||^2, <D, G>, ||D||^2) over the interval, in float64 and bucket order (D
+        is zero where nothing was recorded as sent); then a new interval."""
+        g_sq = dot = d_sq = 0.0
+        for b in buckets:
+            g = self.sums.get(b.index)
+            d = self.sent.get(b.index)
+            if g is not None:
+                g_sq += float(g.double().pow(2).sum())
+            if d is not None:
+                d_sq += float(d.double().pow(2).sum())
+                if g is not None:
+                    dot += float(torch.dot(d.double(), g.double()))
         self.reset()
-        return total
+        return g_sq, dot, d_sq
 
     def drop(self, key: int) -> None:
-        """The bucket's layout changed: its sum starts again."""
-        self.sums.pop(key, None)
-        self._backups.pop(key, None)
+        """The bucket's layout changed: its sums start again."""
+        for tag, table in (("sums", self.sums), ("sent", self.sent)):
+            table.pop(key, None)
+            self._backups.pop((tag, key), None)
 
     def reset(self) -> None:
-        for buf in self.sums.values():
+        for buf in list(self.sums.values()) + list(self.sent.values()):
             buf.zero_()
 
     def state_dict(self, buckets) -> Dict[str, torch.Tensor]:
-        return save_by_name(self.sums, buckets)
+        """By parameter name; D's slices under ``name + SENT_SUFFIX``."""
+        out = save_by_name(self.sums, buckets)
+        out.update({n + SENT_SUFFIX: t for n, t in save_by_name(self.sent, buckets).items()})
+        return out
 
     def load_state_dict(self, saved: Dict[str, torch.Tensor], buckets) -> None:
-        load_by_name(self.sums, saved, buckets)
+        sums = {n: t for n, t in saved.items() if not n.endswith(SENT_SUFFIX)}
+        sent = {n[:-len(SENT_SUFFIX)]: t for n, t in saved.items() if n.endswith(SENT_SUFFIX)}
+        load_by_name(self.sums, sums, buckets)
+        if sent or not saved:
+            load_by_name(self.sent, sent, buckets)
+        else:   # a state from before D was saved: D starts from zero with the next interval
+            self.sent.clear()
+
+
+#: Suffix of the interval's sent-sum slices in a saved state (next to G's, by parameter name).
+SENT_SUFFIX = "#sent"

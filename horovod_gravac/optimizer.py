@@ -606,7 +606,7 @@ def _floats(named):
 def _sample_compressor(factory, controller: Controller) -> GradientCompressor:
     """The compressor at CF 10, for type checks and the start-up check."""
     sample = factory(10.0)
-    if sample.low_rank and controller.needs_consensus and not controller.needs_accumulation:
+    if sample.low_rank and controller.needs_multilevel:
         raise ValueError("controller GraVAC needs a sparsifying compressor (multi-level "
                          "compression); use PowerSGD with Dense, StaticCF or Accordion")
     return sample

@@ -40,11 +40,16 @@ class ThroughputTable:
     def _reduce(self, values: List[float]) -> float:
         return statistics.median(values) if self.statistic == "median" else sum(values) / len(values)
 
-    def close_window(self) -> None:
-        """Fold this window's figures into the table; start a new window."""
+    def close_window(self, gains: Optional[Dict[float, float]] = None) -> None:
+        """Fold this window's figures into the table; start a new window.  ``gains``: the
+        gain of each CF measured over the whole window (GraVAC "delivered"): T_compress
+        is then T_sys x that gain, and a CF sent without one keeps its old figures."""
         for cf, (sys_values, comp_values) in self._window.items():
+            if gains is not None and cf not in gains:
+                continue
             self.system[cf] = self._reduce(sys_values)
-            self.compression[cf] = self._reduce(comp_values)
+            self.compression[cf] = self._reduce(comp_values) if gains is None \
+                else self.system[cf] * gains[cf]
             self.measured_at[cf] = self.windows
         self._window.clear()
         self.windows += 1

@@ -48,7 +48,9 @@ class StepStats:
     min_sq: float = 0.0           # ||g_min||^2: compressed at theta_min
     candidate_sq: float = 0.0     # ||g_c||^2: compressed at the candidate CF
     grad_sq: float = 0.0          # ||g||^2: the raw gradient
-    accumulated_sq: float = 0.0   # Accordion's interval sum (at an interval's end, else 0)
+    accumulated_sq: float = 0.0   # ||G||^2, G the interval's gradient sum (at an interval's end, else 0)
+    window_dot: float = 0.0       # <D, G>, D what was sent over the interval (GraVAC "delivered")
+    window_sent_sq: float = 0.0   # ||D||^2
     nonfinite: float = 0.0        # 1.0: some bucket of some rank held NaN/Inf
 
     def to_tensor(self) -> torch.Tensor:

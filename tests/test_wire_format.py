@@ -86,8 +86,9 @@ def test_sum_of_colliding_rows_is_deterministic_and_switch_is_restored(monkeypat
 
 def test_step_stats_round_trip_in_wire_order():
     """StepStats names the positions of the statistics vector that rides with the carrier."""
-    s = wire.StepStats(ef_sq=1.0, min_sq=2.0, candidate_sq=3.0, grad_sq=4.0, accumulated_sq=5.0, nonfinite=1.0)
+    s = wire.StepStats(ef_sq=1.0, min_sq=2.0, candidate_sq=3.0, grad_sq=4.0, accumulated_sq=5.0,
+                       window_dot=6.0, window_sent_sq=7.0, nonfinite=1.0)
     t = s.to_tensor()
-    assert t.dtype == torch.float64 and t.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 1.0]
-    assert wire.N_STATS == 6 and wire.StepStats.from_tensor(t) == s
+    assert t.dtype == torch.float64 and t.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 1.0]
+    assert wire.N_STATS == 8 and wire.StepStats.from_tensor(t) == s
     assert comm.N_STATS == wire.N_STATS and comm.pack is wire.pack

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ewma-alpha", type=float, help="GraVAC: gain smoothing factor (default: the "
                                                     "paper's N/100 for N ranks)")
     g.add_argument("--policy", choices=("exponential", "geometric"), help="GraVAC scaling policy")
-    g.add_argument("--variant", choices=("paper", "ladder"),
+    g.add_argument("--variant", choices=("paper", "ladder", "delivered"),
                    help="GraVAC rules: Algorithm 1 as published, or the ladder variant (default paper)")
     g.add_argument("--low-cf", type=float, help="Accordion: CF in critical regimes (10)")
     g.add_argument("--high-cf", type=float, help="Accordion: CF otherwise (1000)")

@@ -3,6 +3,7 @@
 Horovod registers no hooks with one rank, so only these prove anything about
 communication.
 """
+import pytest
 import torch
 
 import horovod.torch as hvd
@@ -332,8 +333,8 @@ def test_carried_stats_are_complete_averages():
     opt._finish_step = finish
     control = []
     train(model, opt, 8, hook=lambda s, o: control.append((o.stats["level"], o.stats["control_bytes"])))
-    # 13 header rows of 8 bytes in an allgather, 6 float32 in an allreduce (docs/API_CONTRACT.md)
-    assert all(b == (24 if level == "dense" else 104) for level, b in control), control
+    # 17 header rows of 8 bytes in an allgather, 8 float32 in an allreduce (docs/API_CONTRACT.md)
+    assert all(b == (32 if level == "dense" else 136) for level, b in control), control
     assert launches[0] == opt._carrier.index, f"the carrier was not ready first: {launches}"
     levels = {level for _, _, level in finished}
     assert {"dense", "min"} <= levels or {"dense", "candidate"} <= levels, levels
@@ -344,6 +345,52 @@ def test_carried_stats_are_complete_averages():
         rtol = 1e-12 if level != "dense" else 1e-6
         assert torch.allclose(torch.tensor(carried[:4], dtype=torch.float64), expected, rtol=rtol, atol=0), \
             (step, level, carried, expected.tolist())
-        assert carried[5] == 0.0, carried
+        assert carried[5:] == [0.0, 0.0, 0.0], carried   # no window sums (paper variant), all finite
     assert_identical_across_ranks(model, "carried-stats")
+    release(opt)
+
+
+def _bucket_flat(opt, tensors_by_param):
+    return torch.cat([torch.cat([tensors_by_param[p].reshape(-1) for p in b.params]) for b in opt._buckets])
+
+
+def test_delivered_window_gain_is_cos2_of_the_window_sums():
+    """GraVAC "delivered": at each window's end the controller's gain for the CF sent in the
+    window is cos^2(D, G) of the rank-averaged window sums, where G sums this rank's raw
+    gradients and D what it sent, D = G + r_start - r_end (error feedback), computed here
+    independently from the gradients and residuals; every rank holds the same controller."""
+    window = 4
+    model = make_model(seed=3)
+    ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=window, variant="delivered")
+    opt = hg_opt(model, controller=ctrl)
+    params = [p for b in opt._buckets for p in b.params]
+
+    def residual():
+        return torch.cat([opt._memory.residuals[b.index].clone() if b.index in opt._memory.residuals
+                          else torch.zeros(b.numel) for b in opt._buckets])
+
+    G, r_start, checked = None, None, []
+    for step in range(3 * window):
+        if step % window == 0:
+            r_start, G = residual(), torch.zeros(sum(b.numel for b in opt._buckets))
+        x, y = batch(step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        G += _bucket_flat(opt, {p: p.grad.detach().clone() for p in params})   # raw local gradients
+        sent_cf = ctrl.decision.send_cf
+        opt.step()
+        if (step + 1) % window == 0:
+            D = G + r_start - residual()
+            local = torch.tensor([float(G.double() @ G.double()), float(D.double() @ G.double()),
+                                  float(D.double() @ D.double())], dtype=torch.float64)
+            g_sq, dot, d_sq = hvd.allreduce(local, op=hvd.Average, name=f"check.window.{step}").tolist()
+            expected = max(0.0, dot) ** 2 / (g_sq * d_sq)
+            assert opt.controller.delivered_gain[sent_cf] == pytest.approx(expected, rel=1e-5), step
+            assert ctrl.history[-1]["window_gain"] == ctrl.delivered_gain[sent_cf]
+            checked.append((sent_cf, expected))
+    assert len(checked) == 3 and all(0.0 < g <= 1.0 for _, g in checked), checked
+    assert len({cf for cf, _ in checked}) >= 2, checked   # it moved: 2 passes epsilon 0.3, then 4 is tried
+    states = hvd.allgather_object(ctrl.state_dict(), name="check.delivered.state")
+    assert all(s == states[0] for s in states), "controllers differ across ranks"
+    assert_identical_across_ranks(model, "delivered")
     release(opt)
