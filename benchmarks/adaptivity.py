@@ -104,7 +104,6 @@ CONFIGS["gravac-ladder-exp-dgc-eps0.7"] = ("adaptive", _gravac("ladder", "expone
 CONFIGS["gravac-ladder-geo-redsync-eps0.7"] = ("adaptive", _gravac("ladder", "geometric", "redsync", "0.7"))
 # The gain measured over a window on what error feedback delivered (GraVAC variant "delivered").
 CONFIGS["gravac-delivered-exp-topk-eps0.7"] = ("adaptive", _gravac("delivered", "exponential", "topk", "0.7"))
-CONFIGS["gravac-delivered-exp-topk-eps0.9"] = ("adaptive", _gravac("delivered", "exponential", "topk", "0.9"))
 CONFIGS["gravac-delivered-exp-dgc-eps0.7"] = ("adaptive", _gravac("delivered", "exponential", "dgc", "0.7"))
 
 # What runs at which rate (the slow link is where compression matters; the fast one keeps
@@ -113,8 +112,7 @@ ADAPTIVE_AT = {
     "100mbit": ["gravac-ladder-exp-topk-eps0.7", "gravac-paper-exp-topk-eps0.7",
                 "gravac-ladder-geo-topk-eps0.9", "gravac-ladder-exp-topk-eps0.5",
                 "gravac-ladder-exp-dgc-eps0.7", "gravac-ladder-geo-redsync-eps0.7",
-                "gravac-delivered-exp-topk-eps0.7", "gravac-delivered-exp-topk-eps0.9",
-                "gravac-delivered-exp-dgc-eps0.7"],
+                "gravac-delivered-exp-topk-eps0.7", "gravac-delivered-exp-dgc-eps0.7"],
     "1gbit": ["gravac-ladder-exp-topk-eps0.7", "gravac-ladder-geo-topk-eps0.9",
               "gravac-paper-exp-topk-eps0.7", "gravac-delivered-exp-topk-eps0.7"],
 }
