@@ -233,24 +233,31 @@ def _train_from(model, opt, start, steps):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-@pytest.mark.parametrize("setup", ["momentum_correction", "accordion"])
+@pytest.mark.parametrize("setup", ["momentum_correction", "accordion", "delivered"])
 def test_velocities_and_interval_sums_are_saved_and_resume_exactly(hvd1, setup):
-    """DGC's momentum-correction velocities and Accordion's running interval sum are per-rank
-    state: saved by parameter name, with checksums, and a resumed run is bit for bit the
-    uninterrupted one (Accordion saved mid-interval)."""
+    """DGC's momentum-correction velocities, Accordion's running interval sum and GraVAC
+    "delivered"'s window sums are per-rank state: saved by parameter name, with checksums,
+    and a resumed run is bit for bit the uninterrupted one (saved mid-interval)."""
     import copy
     make, kw = {"momentum_correction": (lambda: hg.StaticCF(4), dict(momentum_correction=0.9)),
-                "accordion": (lambda: hg.Accordion(low_cf=2, high_cf=16, threshold=0.3, interval=3), {})}[setup]
+                "accordion": (lambda: hg.Accordion(low_cf=2, high_cf=16, threshold=0.3, interval=3), {}),
+                # one CF (its choices would otherwise follow measured step times, which differ per run)
+                "delivered": (lambda: hg.GraVAC(theta_min=2, theta_max=2, epsilon=0.01, window=3,
+                                                variant="delivered"), {})}[setup]
     model = _model()
     opt = _opt(model, make(), **kw)
     _train_from(model, opt, 0, 4)
     state, weights = copy.deepcopy(opt.state_dict()), copy.deepcopy(model.state_dict())
     ref = _train_from(model, opt, 4, 5)
     key, crc = {"momentum_correction": ("velocities", "velocity_crc32"),
-                "accordion": ("accumulated", "accumulated_crc32")}[setup]
+                "accordion": ("accumulated", "accumulated_crc32"),
+                "delivered": ("accumulated", "accumulated_crc32")}[setup]
     saved = state["gravac"][key]
     assert saved and set(saved) == set(state["gravac"][crc]), saved.keys()
     assert any(float(t.abs().max()) > 0 for t in saved.values())
+    sent = [n for n in saved if n.endswith("#sent")]
+    assert bool(sent) == (setup == "delivered"), sorted(saved)
+    assert setup != "delivered" or any(float(saved[n].abs().max()) > 0 for n in sent)
     model2 = _model(seed=5)
     model2.load_state_dict(weights)
     opt2 = _opt(model2, make(), **kw)

@@ -312,3 +312,117 @@ def test_pinned_ladder_sends_its_only_cf():
     ctrl = GraVAC(theta_min=10, theta_max=10, epsilon=0.7, window=5, variant="ladder")
     sent = drive(ctrl, 20, lambda cf: 0.8, comm_bound)
     assert sent[0] == DENSE and set(sent[1:]) == {10}
+
+
+# -- the "delivered" variant -----------------------------------------------------------
+def drive_delivered(ctrl, steps, gain, throughput, finite=lambda step: True):
+    """Like ``drive``, but the gain of the CF sent is reported the way the optimizer does
+    for this variant: window sums at each window's end, with cos^2(D, G) = ``gain(cf)``."""
+    sent = []
+    for _ in range(steps):
+        d = ctrl.decision
+        sent.append(d.send_cf)
+        step = ctrl.step + 1
+        sums = {}
+        if step % ctrl.window == 0:
+            sums = dict(accumulated_sq=4.0, window_dot=2.0 * math.sqrt(gain(d.send_cf)), window_sent_sq=1.0)
+        ctrl.observe(StepObservation(ef_sq=1.0, min_sq=0.5, candidate_sq=0.3, step_time=1.0 / throughput(d.send_cf),
+                                     finite=finite(step), **sums))
+    return sent
+
+
+def delivered(**kw):
+    kw = {"theta_min": 10, "theta_max": 1000, "epsilon": 0.7, "window": 10, "variant": "delivered", **kw}
+    return GraVAC(**kw)
+
+
+def windows_of(sent, window):
+    return [set(sent[i:i + window]) for i in range(0, len(sent), window)]
+
+
+DELIVERED_GAINS = {10: 0.99, 20: 0.95, 40: 0.9, 160: 0.6, 1000: 0.3}
+
+
+def test_window_gain_is_cos2_of_the_window_sums():
+    from horovod_gravac.controllers import window_gain
+    obs = lambda g, dot, d, finite=True: StepObservation(0, 0, 0, 1.0, accumulated_sq=g, window_dot=dot,
+                                                        window_sent_sq=d, finite=finite)
+    assert window_gain(obs(4.0, 3.0, 4.0)) == pytest.approx(9 / 16)
+    assert window_gain(obs(0.0, 0.0, 1.0)) == 1.0        # no gradient: nothing was lost
+    assert window_gain(obs(4.0, -3.0, 4.0)) == 0.0       # D points away from G
+    assert window_gain(obs(4.0, 0.0, 0.0)) == 0.0        # nothing sent
+    assert window_gain(obs(1.0, 1.0 + 1e-12, 1.0)) == 1.0
+    assert window_gain(obs(4.0, 3.0, 4.0, finite=False)) is None
+    assert window_gain(StepObservation(0, 0, 0, 1.0)) is None   # not a window's end
+
+
+def test_window_gain_of_one_step_without_residual_is_the_papers_gain():
+    """For a sparsifier, <C(g), g> = ||C(g)||^2, so cos^2(C(g), g) = ||C(g)||^2 / ||g||^2."""
+    import torch
+    from horovod_gravac.controllers import window_gain
+    from horovod_gravac.selection.topk import TopKSelector
+    g = torch.randn(10_000, generator=torch.Generator().manual_seed(0)).double()
+    idx = TopKSelector(20).select(g.float(), 500).long()
+    assert idx.numel() == 500
+    sent = torch.zeros_like(g)
+    sent[idx] = g[idx]
+    obs = StepObservation(0, 0, 0, 1.0, accumulated_sq=float(g @ g), window_dot=float(sent @ g),
+                          window_sent_sq=float(sent @ sent))
+    assert window_gain(obs) == pytest.approx(float(sent @ sent) / float(g @ g), rel=1e-12)
+
+
+def test_delivered_climbs_while_rungs_pass_and_pay_and_keeps_the_highest():
+    ctrl = delivered()
+    sent = drive_delivered(ctrl, 120, lambda cf: DELIVERED_GAINS[cf], comm_bound)
+    assert all(len(s) == 1 for s in windows_of(sent, 10))          # one CF per window
+    assert [min(s) for s in windows_of(sent, 10)][:5] == [10, 20, 40, 160, 40]
+    assert [h["move"] for h in ctrl.history][:4] == ["try", "up", "up", "back"]
+    assert ctrl.theta_min == 40 and ctrl.candidate_cf == 160
+    assert ctrl.delivered_gain[160] == pytest.approx(0.6) and ctrl.history[3]["window_gain"] == pytest.approx(0.6)
+    # 160 failed: tried again after remeasure_windows (4) windows at 40, and only then
+    assert [min(s) for s in windows_of(sent, 10)][4:10] == [40, 40, 40, 40, 160, 40]
+
+
+def test_delivered_keeps_theta_min_where_more_compression_does_not_pay():
+    # compute-bound: the same system throughput at every CF, so 20x (gain 0.95) has a lower
+    # compression throughput than 10x (0.99); it is tried every fifth window.
+    ctrl = delivered(remeasure_windows=4)
+    sent = drive_delivered(ctrl, 200, lambda cf: DELIVERED_GAINS[cf], lambda cf: 100.0)
+    per_window = [min(s) for s in windows_of(sent, 10)]
+    assert per_window[:2] == [10, 20] and ctrl.theta_min == 10
+    assert [i for i, cf in enumerate(per_window) if cf == 20] == [1, 6, 11, 16]
+
+
+def test_delivered_steps_down_then_dense_then_back():
+    state = {"gains": dict(DELIVERED_GAINS)}
+    ctrl = delivered(remeasure_windows=2)
+    drive_delivered(ctrl, 40, lambda cf: state["gains"][cf], comm_bound)
+    assert ctrl.theta_min == 40
+    state["gains"] = {**{cf: 0.5 for cf in DELIVERED_GAINS}, DENSE: 1.0}   # a critical phase: nothing passes
+    sent = drive_delivered(ctrl, 70, lambda cf: state["gains"][cf], comm_bound)
+    # down a rung per window, dense below the lowest, 10x tried again after 2 windows (and failing)
+    assert [min(s) for s in windows_of(sent, 10)] == [40, 20, 10, DENSE, DENSE, 10, DENSE]
+    assert [h["move"] for h in ctrl.history][-7:] == ["down", "down", "dense", "stay", "stay", "dense", "stay"]
+    state["gains"] = {**DELIVERED_GAINS, DENSE: 1.0}
+    drive_delivered(ctrl, 80, lambda cf: state["gains"][cf], comm_bound)
+    assert ctrl.theta_min == 40
+
+
+def test_delivered_starts_compressed_and_a_non_finite_window_end_changes_nothing():
+    ctrl = delivered()
+    assert ctrl.decision.send_cf == 10 and ctrl.needs_accumulation and ctrl.tracks_delivery
+    assert ctrl.accumulation_interval == 10
+    assert not GraVAC().tracks_delivery and GraVAC().accumulation_interval is None
+    sent = drive_delivered(ctrl, 30, lambda cf: DELIVERED_GAINS[cf], comm_bound, finite=lambda s: s != 10)
+    assert [min(s) for s in windows_of(sent, 10)] == [10, 10, 20]
+    assert 10 not in ctrl.delivered_gain or ctrl.history[0]["window_gain"] is None
+
+
+def test_delivered_state_round_trip_continues_identically():
+    gain = lambda cf: DELIVERED_GAINS[cf]
+    a, b = delivered(window=7), delivered(window=7)
+    drive_delivered(a, 45, gain, comm_bound)
+    b.load_state_dict(a.state_dict())
+    assert b.delivered_gain == a.delivered_gain and b._retry_at == a._retry_at
+    assert drive_delivered(a, 60, gain, comm_bound) == drive_delivered(b, 60, gain, comm_bound)
+    assert a.config()["variant"] == "delivered"

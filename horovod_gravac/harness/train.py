@@ -136,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "paper's N/100 for N ranks)")
     g.add_argument("--policy", choices=("exponential", "geometric"), help="GraVAC scaling policy")
     g.add_argument("--variant", choices=("paper", "ladder", "delivered"),
-                   help="GraVAC rules: Algorithm 1 as published, or the ladder variant (default paper)")
+                   help="GraVAC rules: Algorithm 1 as published, the ladder variant, or the gain "
+                        "measured over a window on what error feedback delivered (default paper)")
     g.add_argument("--low-cf", type=float, help="Accordion: CF in critical regimes (10)")
     g.add_argument("--high-cf", type=float, help="Accordion: CF otherwise (1000)")
     g.add_argument("--accordion-threshold", type=float, help="Accordion: relative norm change (0.5)")

@@ -22,7 +22,8 @@ RANK, SIZE = hvd.rank(), hvd.size()
 def controller(kind):
     return {"dense": hg.Dense(), "static": hg.StaticCF(4), "dgc": hg.StaticCF(4),
             "randomk": hg.StaticCF(4), "gravac": hg.GraVAC(theta_min=2, theta_max=16, window=2),
-            "accordion": hg.Accordion(2, 16, 0.5, 2)}[kind]
+            "accordion": hg.Accordion(2, 16, 0.5, 2),
+            "delivered": hg.GraVAC(theta_min=2, theta_max=16, window=2, variant="delivered")}[kind]
 
 
 def compressor(kind):
@@ -54,10 +55,11 @@ def run(make_opt):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+    run.last_opt = opt
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-@pytest.mark.parametrize("kind", ["dense", "static", "dgc", "randomk", "gravac", "accordion"])
+@pytest.mark.parametrize("kind", ["dense", "static", "dgc", "randomk", "gravac", "accordion", "delivered"])
 def test_join_with_uneven_data(kind):
     ours = run(lambda base, m: hg.DistributedOptimizer(base, m.named_parameters(), compressor=compressor(kind),
                                                         controller=controller(kind), timeout_s=60,
@@ -68,6 +70,9 @@ def test_join_with_uneven_data(kind):
             raise AssertionError(f"{kind}: rank {r} differs from rank 0 after join epochs")
     if not torch.isfinite(ours).all():
         raise AssertionError(f"{kind}: parameters not finite")
+    if kind == "delivered":   # the window sums arrived at every window's end, also across joins
+        history = list(run.last_opt.controller.history)
+        assert history and all(h["window_gain"] is not None for h in history), history
     if kind == "dense":
         ref = run(lambda base, m: hvd.DistributedOptimizer(base, named_parameters=m.named_parameters()))
         # Two ranks add in one order; with three, ring chunk boundaries fall at different
