@@ -397,14 +397,17 @@ def test_delivered_steps_down_then_dense_then_back():
     state = {"gains": dict(DELIVERED_GAINS)}
     ctrl = delivered(remeasure_windows=2)
     drive_delivered(ctrl, 40, lambda cf: state["gains"][cf], comm_bound)
-    assert ctrl.theta_min == 40
+    assert ctrl.theta_min == 40 and [h["move"] for h in ctrl.history] == ["try", "up", "up", "back"]
     state["gains"] = {**{cf: 0.5 for cf in DELIVERED_GAINS}, DENSE: 1.0}   # a critical phase: nothing passes
-    sent = drive_delivered(ctrl, 70, lambda cf: state["gains"][cf], comm_bound)
-    # down a rung per window, dense below the lowest, 10x tried again after 2 windows (and failing)
-    assert [min(s) for s in windows_of(sent, 10)] == [40, 20, 10, DENSE, DENSE, 10, DENSE]
-    assert [h["move"] for h in ctrl.history][-7:] == ["down", "down", "dense", "stay", "stay", "dense", "stay"]
+    sent = drive_delivered(ctrl, 90, lambda cf: state["gains"][cf], comm_bound)
+    # The first window after a change of CF only re-measures ("settle": it flushes the other
+    # CF's residual); a second failing window steps down a rung, dense below the lowest;
+    # 10x is tried again after 2 windows (and fails again).
+    assert [min(s) for s in windows_of(sent, 10)] == [40, 40, 20, 20, 10, 10, DENSE, DENSE, 10]
+    assert [h["move"] for h in ctrl.history][4:] == ["settle", "down", "settle", "down", "settle", "dense",
+                                                     "stay", "stay", "settle"]
     state["gains"] = {**DELIVERED_GAINS, DENSE: 1.0}
-    drive_delivered(ctrl, 80, lambda cf: state["gains"][cf], comm_bound)
+    drive_delivered(ctrl, 150, lambda cf: state["gains"][cf], comm_bound)
     assert ctrl.theta_min == 40
 
 
