@@ -418,7 +418,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--steps", type=int, help="override every workload's steps (a smoke test)")
     p.add_argument("--only", help="comma-separated configurations to run (the others' runs on disk are reused)")
-    p.add_argument("--judge", default="gravac-ladder-exp-topk-eps0.7",
+    p.add_argument("--judge", default="gravac-delivered-exp-topk-eps0.7",
                    help="the GraVAC configuration the goals are judged for")
     args = p.parse_args(argv)
     workloads = [w for w in args.workloads.split(",") if w]
