@@ -469,6 +469,29 @@ def train(args) -> dict:
     wall0 = time.perf_counter()
     eval_time = 0.0
     loss_value = float("nan")
+
+    def record_step(step, loss_value, lr, epoch, t_data, t_iter, stats):
+        totals["floats_sent"] += float(stats.get("floats_sent") or 0.0)
+        totals["dense_floats"] += float(stats.get("dense_floats") or 0.0)
+        totals["bytes_sent"] += float(stats.get("bytes_sent") or 0.0)
+        totals["data_time"] += t_data
+        totals["iter_time"] += t_iter
+        cf = float(stats.get("cf", 1.0) or 1.0)
+        cf_steps[f"{cf:g}"] = cf_steps.get(f"{cf:g}", 0) + 1
+        record = dict(stats)
+        record.update({"step": step + 1, "loss": loss_value, "lr": lr, "epoch": epoch,
+                       "data_time": t_data, "iter_time": t_iter})
+        log.step(record)
+        throughput = size * args.batch_size / t_iter if t_iter > 0 else 0.0
+        progress.update(step + 1, loss_value, cf, throughput)
+
+    # A step's opt.stats are read during the next step, after its backward pass: for GraVAC
+    # and Accordion the read waits for the step's decision broadcast (and so for the slowest
+    # rank's end of the step), and the next step's first gradient hook waits for it anyway.
+    # Read right after step(), the wait could not overlap the next forward pass.  Either
+    # way it falls inside some iteration's timer, as a static CF's wait for the slower rank
+    # falls inside its next collective.
+    pending = None   # (step, loss, lr, epoch, t_data, t_iter) of the step not yet recorded
     for step in range(args.steps):
         it0 = time.perf_counter()
         # -- data ------------------------------------------------------------------
@@ -489,31 +512,22 @@ def train(args) -> dict:
             loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
+        if pending is not None:   # the previous step's statistics (see above)
+            record_step(*pending, dict(opt.stats))
+            pending = None
         _clip_and_step(opt, model, args.clip_norm)
-        # Reading opt.stats waits for an adaptive controller's decision broadcast, and so
-        # for the slowest rank to finish its step: that wait belongs to the iteration.
-        # Stopped before it, the adaptive paths would look faster than a static CF with
-        # the same payload, whose ranks wait for each other inside the next step instead.
-        stats = dict(opt.stats)
+        evaluate_now = (step + 1) % args.eval_every == 0 or step + 1 == args.steps
+        # Before an evaluation (or the end), read now: the wait is still training time.
+        stats = dict(opt.stats) if evaluate_now else None
         t_iter = time.perf_counter() - it0
         loss_value = loss.item()
-
-        totals["floats_sent"] += float(stats.get("floats_sent") or 0.0)
-        totals["dense_floats"] += float(stats.get("dense_floats") or 0.0)
-        totals["bytes_sent"] += float(stats.get("bytes_sent") or 0.0)
-        totals["data_time"] += t_data
-        totals["iter_time"] += t_iter
-        cf = float(stats.get("cf", 1.0) or 1.0)
-        cf_steps[f"{cf:g}"] = cf_steps.get(f"{cf:g}", 0) + 1
-        record = dict(stats)
-        record.update({"step": step + 1, "loss": loss_value, "lr": lr, "epoch": epoch,
-                       "data_time": t_data, "iter_time": t_iter})
-        log.step(record)
-        throughput = size * args.batch_size / t_iter if t_iter > 0 else 0.0
-        progress.update(step + 1, loss_value, cf, throughput)
+        if stats is None:
+            pending = (step, loss_value, lr, epoch, t_data, t_iter)
+        else:
+            record_step(step, loss_value, lr, epoch, t_data, t_iter, stats)
 
         # -- evaluation ------------------------------------------------------------
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+        if evaluate_now:
             e0 = time.perf_counter()
             if text:
                 result = evaluate_lm(model, eval_streams, hvd, args.bptt, args.max_eval_batches)
