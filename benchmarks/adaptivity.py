@@ -440,28 +440,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error(f"unknown configuration in --only: {sorted(only - set(CONFIGS))}")
     if not args.report_only:
         for w in workloads:
-            if only:   # just these, at every rate they are run at
-                for rate in rates:
-                    for name in adaptive_at(w, rate):
-                        if name in only:
-                            run(w, CONFIGS[name][1], rd(w, rate, name), rate, args.np, WORKLOADS[w]["steps"],
-                                WORKLOADS[w]["eval_every"], args.timeout)
-                continue
             steps, every = WORKLOADS[w]["steps"], WORKLOADS[w]["eval_every"]
             for rate in rates:
-                # same-payload check and timing of the fixed configurations (short runs)
-                for name, flags in PATHS.items():
-                    run(w, flags, rd(w, rate, f"__path__{name}"), rate, args.np, TIMING_STEPS, 10 ** 6, args.timeout)
-                for name in TIMED_CFS:
-                    if name != "topk-cf10" and rate != rates[0]:
-                        run(w, CONFIGS[name][1], rd(w, rate, f"__timing__{name}"), rate, args.np, TIMING_STEPS,
-                            10 ** 6, args.timeout)
-                if rate == rates[0]:
-                    for name, (kind, flags) in CONFIGS.items():
-                        if kind == "fixed":
-                            run(w, flags, rd(w, "full", name), rate, args.np, steps, every, args.timeout)
+                if not only:   # (--only: just those configurations, at every rate they run at)
+                    # same-payload check and timing of the fixed configurations (short runs)
+                    for name, flags in PATHS.items():
+                        run(w, flags, rd(w, rate, f"__path__{name}"), rate, args.np, TIMING_STEPS, 10 ** 6,
+                            args.timeout)
+                    for name in TIMED_CFS:
+                        if name != "topk-cf10" and rate != rates[0]:
+                            run(w, CONFIGS[name][1], rd(w, rate, f"__timing__{name}"), rate, args.np,
+                                TIMING_STEPS, 10 ** 6, args.timeout)
+                    if rate == rates[0]:
+                        for name, (kind, flags) in CONFIGS.items():
+                            if kind == "fixed":
+                                run(w, flags, rd(w, "full", name), rate, args.np, steps, every, args.timeout)
                 for name in adaptive_at(w, rate):
-                    run(w, CONFIGS[name][1], rd(w, rate, name), rate, args.np, steps, every, args.timeout)
+                    if not only or name in only:
+                        run(w, CONFIGS[name][1], rd(w, rate, name), rate, args.np, steps, every, args.timeout)
 
     rows, path_rows, shares, all_runs = [], [], {}, {}
     for w in workloads:

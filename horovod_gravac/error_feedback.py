@@ -225,10 +225,6 @@ class IntervalSum:
             if (tag, key) in self._backups and key in table:
                 table[key].copy_(self._backups[(tag, key)])
 
-    def take_squared_norm(self, buckets) -> float:
-        """||G||^2 over the interval (summed in bucket order), then a new interval."""
-        return self.take_window(buckets)[0]
-
     def take_window(self, buckets) -> Tuple[float, float, float]:
         """(||G||^2, <D, G>, ||D||^2) over the interval, in float64 and bucket order (D
         is zero where nothing was recorded as sent); then a new interval."""
