@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 __all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "redsync_search",
-           "exceedance_moments", "scatter", "SLACK"]
+           "exceedance_moments", "abs_sample", "scatter", "SLACK"]
 
 # Extra slots every output buffer needs after its capacity (whole-vector stores).
 SLACK = 16
@@ -56,9 +56,11 @@ def _load() -> Optional[ctypes.CDLL]:
             lib.hg_drop_smallest.argtypes = [_p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
             lib.hg_redsync.restype = _i64
             lib.hg_redsync.argtypes = [_p, _p, _i64, ctypes.c_float, ctypes.c_float, ctypes.c_double,
-                                       ctypes.c_double, ctypes.c_int, _p]
+                                       ctypes.c_double, ctypes.c_int, _p, ctypes.c_int]
             lib.hg_exceedance_moments.restype = None
             lib.hg_exceedance_moments.argtypes = [_p, _i64, ctypes.c_float, ctypes.c_int, _p]
+            lib.hg_abs_sample.restype = None
+            lib.hg_abs_sample.argtypes = [_p, _i64, _i64, ctypes.c_double, ctypes.c_double, _p]
             lib.hg_scatter.restype = ctypes.c_int
             lib.hg_scatter.argtypes = [_p, _i64, _p, _p, _i64]
             lib.hg_simd_level.restype = ctypes.c_int
@@ -180,7 +182,7 @@ def redsync_search(idx: np.ndarray, val: np.ndarray, lo, ceil, few: float, many:
     """
     out = np.zeros(3, dtype=np.float64)
     kept = _LIB.hg_redsync(idx.ctypes.data, val.ctypes.data, idx.size, float(lo), float(ceil),
-                           float(few), float(many), int(steps), out.ctypes.data)
+                           float(few), float(many), int(steps), out.ctypes.data, int(_MODE == "auto"))
     if kept < 0:
         raise MemoryError("horovod_gravac native redsync_search: out of memory")
     return idx[:kept], val[:kept], float(out[0])
@@ -192,6 +194,15 @@ def exceedance_moments(x: np.ndarray, threshold, squares: bool = True) -> Tuple[
     out = np.zeros(3, dtype=np.float64)
     _LIB.hg_exceedance_moments(x.ctypes.data, x.size, float(threshold), int(bool(squares)), out.ctypes.data)
     return float(out[0]), float(out[1]), float(out[2])
+
+
+def abs_sample(x: np.ndarray, size: int, shift: float, phi: float) -> np.ndarray:
+    """``|x|`` at the ``size`` stratified positions of ``sampling.host_abs_sample`` for the
+    uniform ``shift`` and rotation ``phi`` (the same positions; ``0 < size < x.size``).
+    ``x`` must pass :func:`usable`."""
+    out = np.empty(size, dtype=np.float32)
+    _LIB.hg_abs_sample(x.ctypes.data, x.size, int(size), float(shift), float(phi), out.ctypes.data)
+    return out
 
 
 def scatter(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:

@@ -37,6 +37,14 @@ def native_on():
     native.use(previous)
 
 
+@pytest.fixture(params=["auto", "portable"])
+def native_mode(request):
+    """The native kernels with their SIMD loops (where the CPU has them) and without."""
+    previous = native.use(request.param)
+    yield request.param
+    native.use(previous)
+
+
 # -- RedSync's search -----------------------------------------------------------------------------
 def _torch_redsync(cand_signed, k, floor, ceil, steps, tolerance):
     """What redsync.py's torch path does with the candidates: bounds, search, keep."""
@@ -53,7 +61,7 @@ def _torch_redsync(cand_signed, k, floor, ceil, steps, tolerance):
 @needs_native
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("k_frac,ceil_q", [(0.5, 0.45), (0.1, 0.08), (0.01, 0.012), (0.3, 0.9)])
-def test_native_redsync_search_equals_the_torch_search(native_on, seed, k_frac, ceil_q):
+def test_native_redsync_search_equals_the_torch_search(native_mode, seed, k_frac, ceil_q):
     x = laplace(50_000, seed)
     floor = 0.05
     val = x[x.abs() >= floor].contiguous()
@@ -72,7 +80,7 @@ def test_native_redsync_search_equals_the_torch_search(native_on, seed, k_frac, 
 
 
 @needs_native
-def test_native_redsync_search_refills_in_order_and_drops_nan(native_on):
+def test_native_redsync_search_refills_in_order_and_drops_nan(native_mode):
     val = np.array([5.0, -1.0, 3.0, np.nan, -4.0, 2.0, 0.5, 6.0], dtype=np.float32)
     idx = np.arange(8, dtype=np.int32) * 10
     # Threshold search with no steps: keep |v| > lo = 2.5.
@@ -80,6 +88,23 @@ def test_native_redsync_search_refills_in_order_and_drops_nan(native_on):
     assert thr == 2.5
     assert sorted(idx2.tolist()) == [0, 20, 40, 70]
     assert sorted(v2.tolist()) == [-4.0, 3.0, 5.0, 6.0]
+
+
+@needs_native
+@pytest.mark.parametrize("c", [7, 8, 9, 23, 64])
+def test_native_redsync_search_with_nan_and_a_low_ceiling(native_mode, c):
+    """NaN never becomes max |v|; candidates above a ceiling that keeps too many are searched
+    up to max |v| (the vector loop and its scalar tail both record them)."""
+    rng = np.random.default_rng(c)
+    val = (rng.standard_normal(c) * 3).astype(np.float32)
+    val[c // 2] = np.nan
+    idx = np.arange(c, dtype=np.int32)
+    k = max(1, c // 4)
+    want_thr, want_keep = _torch_redsync(torch.from_numpy(np.nan_to_num(val, nan=0.0)), k, 0.0, 0.1, 20, 0.02)
+    idx2, v2, thr = native.redsync_search(idx, val.copy(), 0.0, 0.1, k * 0.98, k * 1.02, 20)
+    assert thr == pytest.approx(want_thr, rel=0, abs=0)
+    assert sorted(idx2.tolist()) == want_keep.tolist()
+    assert not np.isnan(v2).any()
 
 
 # -- SIDCo's pieces -------------------------------------------------------------------------------
@@ -94,6 +119,15 @@ def test_native_exceedance_moments_equal_the_torch_pass(native_on, t):
     assert got[1] == pytest.approx(want[1], rel=1e-5)
     assert got[2] == pytest.approx(want[2], rel=1e-5)
     assert native.exceedance_moments(x.numpy(), t, squares=False)[2] == 0.0
+
+
+@needs_native
+@pytest.mark.parametrize("t", [0.0, 0.5, 1.5, 2.0, -1.0])
+def test_sidco_count_at_least_counts_ties_and_not_nan(native_on, t):
+    from horovod_gravac.selection.sidco import _count_at_least
+    val = np.array([2.0, -2.0, 1.5, -0.5, 0.0, np.nan, 3.0, -1.4999999, 0.5], dtype=np.float32)
+    want = np.count_nonzero(np.abs(val[~np.isnan(val)]) >= np.float32(t))
+    assert _count_at_least(val, t) == want
 
 
 @pytest.mark.parametrize("alpha", [0.01, 0.2, 1.0, 3.5, 80.0, 5000.0])
@@ -113,6 +147,21 @@ def test_fitted_excess_host_equals_torch(distribution, moments, density):
 
 
 # -- sampling -------------------------------------------------------------------------------------
+@needs_native
+@pytest.mark.parametrize("n,s", [(262_144, 16_384), (100_003, 1000), (6_553_601, 3517), (70_001, 70_000)])
+def test_native_sample_equals_the_numpy_sample(n, s):
+    """hg_abs_sample computes the positions in the same double arithmetic as NumPy."""
+    x = laplace(n, 4).numpy()
+    x[5] = np.nan
+    got = host_abs_sample(x, s, torch.Generator().manual_seed(9))
+    previous = native.use("off")
+    try:
+        want = host_abs_sample(x, s, torch.Generator().manual_seed(9))
+    finally:
+        native.use(previous)
+    assert np.array_equal(got, want, equal_nan=True)
+
+
 def test_host_sample_is_stratified_and_reproducible():
     n, s = 100_003, 1000
     x = np.arange(n, dtype=np.float32)          # |x| = position
@@ -171,15 +220,18 @@ def test_benchmark_sweep_reports_every_size_cf_and_compressor(tmp_path):
     rows = list(csv.DictReader(open(str(out) + ".csv")))
     sweep = [r for r in rows if r["table"] == "sweep"]
     assert {(int(r["numel"]), float(r["cf"]), r["compressor"]) for r in sweep} == {
-        (n, cf, c) for n in (20000, 70000) for cf in (10.0, 100.0) for c in ("topk", "dgc", "redsync", "sidco-exp")}
+        (n, cf, c) for n in (20000, 70000) for cf in (10.0, 100.0)
+        for c in ("topk", "topk-again", "dgc", "redsync", "sidco-exp")}
     for r in sweep:
         if r["compressor"] == "topk":
             assert float(r["compress_per_topk"]) == 1.0 and float(r["cd_per_topk"]) == 1.0
+        if r["compressor"] == "topk-again":   # the noise control: timed, never judged
+            assert r["compress_ok"] == "" and float(r["compress_per_topk"]) > 0
         assert math.isclose(float(r["compress_per_pass"]), float(r["compress_ms"]) / float(r["stream_ms"]))
     multi = [r for r in rows if r["table"] == "sweep_multilevel"]
     assert len(multi) == 2 * 4
     text = open(str(out) + ".txt").read()
-    assert "Table 0: size sweep" in text and "target(s) failed" in text
+    assert "Table 0: size sweep" in text and "target(s) failed" in text and "# noise control: " in text
     # The README's tables come from the same rows: largest size first, one cell per CF.
     table = text[text.index("Compress alone:"):]
     lines = [line for line in table.splitlines() if line.startswith("| 70,000") or line.startswith("| 20,000")]

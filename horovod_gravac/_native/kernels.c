@@ -450,26 +450,22 @@ int hg_drop_smallest(int32_t *idx, float *val, int64_t c, int64_t k, float lower
 /* -- RedSync's threshold search over candidates ---------------------------------------- */
 
 /* Per-thread scratch of the search, kept between calls for the same reason as the drop's:
- * the positions and magnitudes of the candidates at or below the bracket's upper end, and
- * the window of magnitudes the search halves. */
+ * the positions and magnitudes of the candidates at or below the bracket's upper end. */
 static __thread int32_t *rs_pos;
-static __thread float *rs_mag, *rs_window;
+static __thread float *rs_mag;
 static __thread int64_t rs_size;
 
 static int rs_scratch(int64_t size) {
     if (size > rs_size) {
         free(rs_pos);
         free(rs_mag);
-        free(rs_window);
         rs_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)size);
         rs_mag = (float *)malloc(sizeof(float) * (size_t)size);
-        rs_window = (float *)malloc(sizeof(float) * (size_t)size);
-        if (!rs_pos || !rs_mag || !rs_window) {
+        if (!rs_pos || !rs_mag) {
             free(rs_pos);
             free(rs_mag);
-            free(rs_window);
             rs_pos = NULL;
-            rs_mag = rs_window = NULL;
+            rs_mag = NULL;
             rs_size = 0;
             return -1;
         }
@@ -478,14 +474,61 @@ static int rs_scratch(int64_t size) {
     return 0;
 }
 
+/* #(mag[j] > mid) for j < r: a compare and an add per entry, which the compiler vectorises
+ * (NaN is never counted). */
+HG_CLONES static int64_t count_above(const float *mag, int64_t r, float mid) {
+    int64_t cnt = 0;
+    for (int64_t j = 0; j < r; j++) cnt += mag[j] > mid;
+    return cnt;
+}
+
+#ifdef HG_X86
+/* The first loop of hg_redsync in AVX2, 8 candidates per step (the scalar loop finishes the
+ * last c mod 8): max |v|, the count above ceil, and the positions and magnitudes of the others
+ * packed to the front of a register through hg_lut and stored whole (8 slots of slack).
+ * _mm256_max_ps(a, m) is a > m ? a : m, as the scalar loop, so a NaN never becomes the max.
+ * Returns where it stopped. */
+HG_AVX2 static int64_t record_avx2(const float *val, int64_t c, float ceil_, int32_t *pos, float *mag,
+                                   int64_t *r_out, int64_t *above_out, float *vmax_out) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256 cv = _mm256_set1_ps(ceil_);
+    const __m256i eight = _mm256_set1_epi32(8);
+    __m256i iv = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 vmax = _mm256_setzero_ps();
+    int64_t r = 0, above = 0, j = 0;
+    for (; j + 8 <= c; j += 8) {
+        __m256 a = _mm256_and_ps(_mm256_loadu_ps(val + j), abs_mask);
+        vmax = _mm256_max_ps(a, vmax);
+        unsigned up = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a, cv, _CMP_GT_OQ));
+        unsigned keep = ~up & 0xFFu;
+        above += __builtin_popcount(up);
+        __m256i perm = _mm256_load_si256((const __m256i *)(const void *)hg_lut[keep]);
+        _mm256_storeu_si256((__m256i *)(void *)(pos + r), _mm256_permutevar8x32_epi32(iv, perm));
+        _mm256_storeu_ps(mag + r, _mm256_permutevar8x32_ps(a, perm));
+        r += __builtin_popcount(keep);
+        iv = _mm256_add_epi32(iv, eight);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmax);
+    float m = 0.0f;
+    for (int l = 0; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
+    *r_out = r;
+    *above_out = above;
+    *vmax_out = m;
+    return j;
+}
+#endif
+
 /* RedSync's binary search (horovod_gravac/selection/redsync.py, redsync_search) over the
  * magnitudes of c candidates (idx/val: flat indices and signed values), then the ones with
  * |v| <= threshold dropped in place.  Each step counts exactly what redsync_search counts,
  * #(|v| > mid) with mid = (lo + hi) / 2 in float32, and moves the same way (too few:
- * hi = mid; too many: lo = mid; within [few, many]: done, lo = hi = mid).  Instead of
- * recounting all c candidates per step it keeps the magnitudes inside (lo, hi] and the
- * count above hi, and halves that window as the bracket halves; and only the candidates
- * at or below the bracket's upper end can be dropped, so only they are revisited.
+ * hi = mid; too many: lo = mid; within [few, many]: done, lo = hi = mid).  The candidates
+ * above the bracket's upper end are counted once; each step then counts, in one vectorised
+ * pass, only the magnitudes recorded at or below it (mid never leaves the bracket, so the
+ * others are on the same side of every mid).  Narrowing that set step by step instead (a
+ * compaction per step, which does not vectorise) cost more than counting it whole; and only
+ * the recorded candidates can be dropped, so only they are revisited.
  *
  * ceil: the sampled upper end; the search runs on [lo, min(max |v|, ceil)], or on
  * [lo, max |v|] when more than `many` lie above ceil (as redsync.py does).  NaN
@@ -495,13 +538,17 @@ static int rs_scratch(int64_t size) {
  * out[0] = the threshold (lo), out[1] = hi, out[2] = steps taken.
  * Returns the kept count, or -1 when out of memory. */
 int64_t hg_redsync(int32_t *idx, float *val, int64_t c, float lo, float ceil_, double few, double many,
-                   int steps, double *out) {
+                   int steps, double *out, int allow_simd) {
     if (rs_scratch(c + 16) != 0) return -1;
     int32_t *pos = rs_pos;
-    float *mag = rs_mag, *w = rs_window;
+    float *mag = rs_mag;
     float vmax = 0.0f;
-    int64_t above = 0, r = 0;
-    for (int64_t j = 0; j < c; j++) { /* max, count above ceil, the others recorded */
+    int64_t above = 0, r = 0, j = 0;
+#ifdef HG_X86
+    if (allow_simd && hg_has_avx2()) j = record_avx2(val, c, ceil_, pos, mag, &r, &above, &vmax);
+#endif
+    (void)allow_simd;
+    for (; j < c; j++) { /* max, count above ceil, the others recorded */
         float a = fabsf(val[j]);
         vmax = a > vmax ? a : vmax;
         int up = a > ceil_;
@@ -524,40 +571,20 @@ int64_t hg_redsync(int32_t *idx, float *val, int64_t c, float lo, float ceil_, d
         above = 0; /* hi = vmax: nothing lies above it */
     }
     if (lo > hi) lo = hi;
-    int64_t m = 0;
-    for (int64_t j = 0; j < r; j++) { /* the window (lo, hi] */
-        float a = mag[j];
-        w[m] = a;
-        m += (a > lo) & (a <= hi);
-    }
+    /* from here on every recorded magnitude is <= hi and every other one > hi */
     int taken = 0;
     for (; taken < steps; taken++) {
         float mid = (lo + hi) * 0.5f;
-        int64_t cnt = 0;
-        for (int64_t j = 0; j < m; j++) cnt += w[j] > mid;
-        double count = (double)(above + cnt);
-        int64_t q = 0;
-        if (count < few) { /* too few kept: lower the threshold, the window becomes (lo, mid] */
+        double count = (double)(above + count_above(mag, r, mid));
+        if (count < few) { /* too few kept: lower the threshold */
             hi = mid;
-            above += cnt;
-            for (int64_t j = 0; j < m; j++) {
-                float a = w[j];
-                w[q] = a;
-                q += a <= mid;
-            }
-        } else if (count > many) { /* too many: raise it, the window becomes (mid, hi] */
+        } else if (count > many) { /* too many: raise it */
             lo = mid;
-            for (int64_t j = 0; j < m; j++) {
-                float a = w[j];
-                w[q] = a;
-                q += a > mid;
-            }
         } else { /* within tolerance: done (later steps would leave lo = hi = mid) */
             lo = hi = mid;
             taken++;
             break;
         }
-        m = q;
     }
     out[0] = lo;
     out[1] = hi;
@@ -571,6 +598,32 @@ int64_t hg_redsync(int32_t *idx, float *val, int64_t c, float lo, float ceil_, d
     int64_t kept = c - nd;
     fill_dropped(idx, val, pos, nd, kept);
     return kept;
+}
+
+/* -- the stratified sample ------------------------------------------------------------------- */
+
+/* out[i] = |x[i d + min(floor(d f_i), d - 1)]| for i < s, with d = n / s and
+ * f_i = frac(i phi) + u, less 1 when that reaches 1: the positions of
+ * horovod_gravac/selection/sampling.py (host_abs_sample), in the same double arithmetic, so
+ * both give the same sample.  Contraction into fused multiply-adds would change the rounding
+ * of frac(i phi), hence it is off.  In NumPy the positions cost eight array operations, about
+ * as much as the selection pass of a 256K-entry bucket. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+void hg_abs_sample(const float *x, int64_t n, int64_t s, double u, double phi, float *out) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    int64_t d = n / s;
+    for (int64_t i = 0; i < s; i++) {
+        double p = (double)i * phi;                 /* 0 <= p < 2^53: the cast truncates exactly */
+        double f = (p - (double)(int64_t)p) + u;    /* (trunc() is a libm call on baseline x86-64) */
+        if (f >= 1.0) f -= 1.0;
+        int64_t pos = (int64_t)(f * (double)d);
+        if (pos > d - 1) pos = d - 1;
+        out[i] = fabsf(x[i * d + pos]);
+    }
 }
 
 /* -- SIDCo's statistics pass -------------------------------------------------------------- */

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Tuple
 
-import numpy as np
 import torch
 
 DISTRIBUTIONS = ("exponential", "gpareto", "gamma")
@@ -167,14 +165,6 @@ def fitted_excess_host(distribution: str, moments, density: float) -> float:
     if density >= 1.0:   # every excess (the quantile's Newton steps do not reach 0)
         return 0.0
     return beta * gamma_upper_quantile_host(alpha, density)
-
-
-def excess_moments_host(values: np.ndarray, base: float, squares: bool = True) -> Tuple[float, float, float]:
-    """``(m, sum w, sum w^2)`` of ``w = v - base`` over ``v > base`` (``values`` non-negative)."""
-    w = values - np.float32(base)
-    np.maximum(w, 0, out=w)
-    return (float(np.count_nonzero(w)), float(w.sum(dtype=np.float64)),
-            float(np.dot(w, w)) if squares else 0.0)
 
 
 def excess_moments(values: torch.Tensor, base: torch.Tensor, squares: bool = True) -> torch.Tensor:

@@ -23,6 +23,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
+from .. import native
 from .kernels import _work_dtype
 
 def _stratum_starts(numel: int, k: int) -> torch.Tensor:
@@ -120,6 +121,8 @@ def host_abs_sample(x: np.ndarray, size: int, generator: torch.Generator) -> np.
     n = x.size
     if size >= n:
         return np.abs(x)
+    if native.usable(x):   # the same positions in one native loop
+        return native.abs_sample(x, size, float(torch.rand((), dtype=torch.float64, generator=generator)), _GOLDEN)
     stride = n // size
     cached = _STRATA_CACHE.get((size, stride))
     if cached is None:

@@ -47,7 +47,8 @@ each) and there are no refinement rounds: SIDCo with a fixed stage count.
 
 With the defaults, CF 10 costs a sample, one statistics pass and the selection
 pass; CF 100 and 1000 cost a sample, two statistics passes, the candidate gather
-(at ~1.6 % density) and work proportional to the candidates.
+(at ~1.6 % density) and work proportional to the candidates.  (The CPU host path fits
+those stages on its sample instead of passes, and gathers deeper: see ``_select_host``.)
 
 Host synchronisations per ``select``: at most two (the candidate gather and the
 final selection, both ``nonzero``); one when no stage reaches the candidate phase
@@ -65,7 +66,7 @@ import torch
 
 from .. import native
 from .base import check_count, check_fraction
-from .fits import DISTRIBUTIONS, excess_moments, excess_moments_host, fitted_excess, fitted_excess_host
+from .fits import DISTRIBUTIONS, excess_moments, fitted_excess, fitted_excess_host
 from .kernels import TINY, exceedance_moments, select_abs_at_least
 from .sampling import HOST_SAMPLE_MAX, host_abs_sample, stratified_abs_sample
 from .threshold import ThresholdSelector
@@ -78,6 +79,11 @@ _SAMPLE_REFINE_HITS = 1000
 # fitted on the sample (relative error of the fitted mean ~1/sqrt(500) = 4.5 %, which moves
 # a stage's count by ~6 % at density 1/4; the next stage or the refinement corrects it).
 _SAMPLE_FIT_MIN = 500
+# Host path: past compact_density, a stage other than the last is still fitted on the sample
+# when the sample holds at least this many entries of its input (a fitted mean within ~7 %, a
+# count within ~10 % at density 1/4), so that the candidates are gathered nearer k: at CF 1000
+# at 0.4 % of the tensor instead of 1.6 %, where the selection pass costs about a third less.
+_SAMPLE_DEEP_MIN = 200
 
 
 class SIDCoSelector(ThresholdSelector):
@@ -250,29 +256,49 @@ class SIDCoSelector(ThresholdSelector):
         pass (``hg_exceedance_moments``).  At bucket sizes a pass is 3-10x the cost of
         these fits, and two of them made SIDCo cost 2-4x exact Top-k; the fit of a sample
         estimates the same moments, and the exact counts of the candidate phase and the
-        refinement rounds correct what it misses."""
+        refinement rounds correct what it misses.
+
+        Two differences in where the work happens, not in what is computed:
+
+        * with the adaptive plan, a stage past ``compact_density`` that is not the last is
+          still fitted on the sample while the sample holds ``_SAMPLE_DEEP_MIN`` (200) of its
+          input, so at CF 1000 the candidates are gathered at 0.4 % of the tensor rather than
+          1.6 % (the selection pass costs more the more it keeps; SIDCo went from 1.4x to
+          1.2x exact Top-k at 6.5M entries);
+        * every fit and count, on the sample and on the candidates, is one native pass
+          (``hg_exceedance_moments``), and the kept candidates are gathered by the select
+          pass; the NumPy array operations they replace cost as much as the selection pass
+          itself at bucket sizes."""
         n = x.size
         squares = self.distribution != "exponential"
         plan = self._plan(n, k)
         adaptive = self.stages is None
         s = min(n, HOST_SAMPLE_MAX)
         sample = host_abs_sample(x, s, self._host_generator())
+        # Every fit and count on the sample is one native pass over it (the sampled entries
+        # above a stage's base are that stage's input: no copy of them is needed).
         base = float(sample.min())
-        moments = excess_moments_host(sample, base, squares)
+        moments = native.exceedance_moments(sample, base, squares)
         scale = n / s
         stage = 1
         density = min(plan[0] / max(moments[0] * scale, 1.0), 1.0)
         last = (base, moments, density)
         threshold = base + fitted_excess_host(self._stage_dist(1), moments, density)
         if adaptive and self.refine > 0:
-            threshold = self._refine_host(sample, plan[0] / scale, threshold, *last, self._stage_dist(1))
-        pool = sample   # the sampled entries at or above the current threshold (shrinks each stage)
-        while stage < len(plan) and plan[stage - 1] > self.compact_density * n:
-            pool = pool[pool >= np.float32(threshold)]
-            moments = excess_moments_host(pool, threshold, squares)
-            if s < n and moments[0] >= _SAMPLE_FIT_MIN:   # the sample holds enough of this stage's input
-                moments = tuple(v * scale for v in moments)
+            threshold = self._refine_host(sample, plan[0] / scale, threshold, *last, self._stage_dist(1),
+                                          count=_count_at_least)
+        while stage < len(plan):
+            moments = native.exceedance_moments(sample, threshold, squares)   # this stage's input, sampled
+            held = moments[0] if s < n else 0.0
+            if plan[stage - 1] > self.compact_density * n:
+                on_sample = held >= _SAMPLE_FIT_MIN
+            elif adaptive and stage < len(plan) - 1 and held >= _SAMPLE_DEEP_MIN:
+                on_sample = True
             else:
+                break   # gather the candidates here
+            if on_sample:
+                moments = tuple(v * scale for v in moments)
+            else:   # too few sampled: a streaming pass
                 moments = native.exceedance_moments(x, threshold, squares)
             target = plan[stage]
             stage += 1
@@ -281,8 +307,8 @@ class SIDCoSelector(ThresholdSelector):
             threshold = threshold + fitted_excess_host(self._stage_dist(stage), moments, density)
         if stage == len(plan):
             if adaptive and self.refine > 0 and k * s / n >= _SAMPLE_REFINE_HITS:
-                # (the pool holds every sampled entry above the last stage's base)
-                threshold = self._refine_host(pool, k * s / n, threshold, *last, self._stage_dist(stage))
+                threshold = self._refine_host(sample, k * s / n, threshold, *last, self._stage_dist(stage),
+                                              count=_count_at_least)
             self.last_stages = stage
             return native.select(x, max(threshold, float(TINY)), False, int(k * 1.25) + 64, k)
         idx, val = native.select(x, max(threshold, float(TINY)), False, int(plan[stage - 1] * 1.5) + 64,
@@ -296,32 +322,37 @@ class SIDCoSelector(ThresholdSelector):
             plan = [mcount * (k / mcount) ** (j / rest) for j in range(1, rest + 1)]
         else:
             plan = plan[stage:]
-        values = np.abs(val)
+        # The candidate phase in the native kernels: each stage's fit is one vectorised pass of
+        # hg_exceedance_moments over the candidates' signed values (|v| inside), each refinement
+        # count another, and the kept ones are gathered by the select pass; in NumPy the same
+        # work (|val|, then per stage a subtraction, a clamp, a count and two sums) cost 1-2 ms
+        # per call at bucket sizes, as much as the selection pass over the whole tensor.
         last_base, last_moments, last_density = threshold, None, None
         for target in plan:
             stage += 1
-            moments = excess_moments_host(values, threshold, squares)
+            moments = native.exceedance_moments(val, threshold, squares)
             density = min(target / max(moments[0], 1.0), 1.0)
             last_base, last_moments, last_density = threshold, moments, density
             threshold = threshold + fitted_excess_host(self._stage_dist(stage), moments, density)
         if adaptive and self.refine > 0:
-            threshold = self._refine_host(values, k, threshold, last_base, last_moments, last_density,
-                                          self._stage_dist(stage))
+            threshold = self._refine_host(val, k, threshold, last_base, last_moments, last_density,
+                                          self._stage_dist(stage), count=_count_at_least)
         self.last_stages = stage
-        keep = np.flatnonzero(values >= np.float32(threshold))
-        return idx[keep], val[keep]
+        keep, kept_val = native.select(val, max(threshold, float(TINY)), False, int(k * 1.25) + 64, k)
+        return idx[keep], kept_val
 
     def _refine_host(self, values: np.ndarray, k: float, threshold: float, base: float, moments,
-                     density: float, dist: str) -> float:
+                     density: float, dist: str, count=None) -> float:
         """:meth:`_refine` with host scalars (it stops at the first round within tolerance,
-        where the torch version's later rounds leave everything unchanged)."""
+        where the torch version's later rounds leave everything unchanged).  ``count(values, t)``
+        counts the entries at or above ``t`` (default: non-negative ``values``, in NumPy)."""
         few, many = k * (1.0 - self.tolerance), k * (1.0 + self.tolerance)
         log_k = math.log(k)
         log_d = math.log(max(density, 1e-300))
         prev_log_d = prev_log_kept = None
         for _ in range(self.refine):
             at = np.float32(max(threshold, float(TINY)))
-            kept = max(float(np.count_nonzero(values >= at)), 0.5)
+            kept = max(float(np.count_nonzero(values >= at) if count is None else count(values, at)), 0.5)
             if few <= kept <= many:
                 break
             log_kept = math.log(kept)
@@ -335,3 +366,10 @@ class SIDCoSelector(ThresholdSelector):
             log_d = min(log_d + step, 0.0)
             threshold = base + fitted_excess_host(dist, moments, math.exp(log_d))
         return threshold
+
+
+def _count_at_least(val: np.ndarray, threshold) -> float:
+    """How many of the signed float32 ``val`` have ``|v| >= threshold`` (NaN not counted), in
+    one native pass: ``|v| >= t`` is ``|v| > t'`` for ``t'`` the float32 just below ``t``."""
+    below = np.nextafter(np.float32(threshold), np.float32(-np.inf))
+    return native.exceedance_moments(val, float(below), squares=False)[0]
