@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 __all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "redsync_search",
-           "exceedance_moments", "abs_sample", "scatter", "SLACK"]
+           "exceedance_moments", "MomentsOf", "abs_sample", "scatter", "SLACK"]
 
 # Extra slots every output buffer needs after its capacity (whole-vector stores).
 SLACK = 16
@@ -194,6 +194,29 @@ def exceedance_moments(x: np.ndarray, threshold, squares: bool = True) -> Tuple[
     out = np.zeros(3, dtype=np.float64)
     _LIB.hg_exceedance_moments(x.ctypes.data, x.size, float(threshold), int(bool(squares)), out.ctypes.data)
     return float(out[0]), float(out[1]), float(out[2])
+
+
+class MomentsOf:
+    """:func:`exceedance_moments` of one array at many thresholds (SIDCo's stages and counts on
+    its sample and on its candidates): the array's address and the output buffer are set up
+    once, since ctypes' conversions of them per call cost more than a pass over 16K entries.
+    ``count_at_least(t)``: how many have ``|x| >= t`` (NaN not counted)."""
+
+    def __init__(self, x: np.ndarray):
+        self._x = x   # (keeps the memory alive)
+        self._ptr = x.ctypes.data
+        self._out = (ctypes.c_double * 3)()
+
+    def __call__(self, threshold, squares: bool = True) -> Tuple[float, float, float]:
+        _LIB.hg_exceedance_moments(self._ptr, self._x.size, float(threshold), int(bool(squares)), self._out)
+        out = self._out
+        return out[0], out[1], out[2]
+
+    def count_at_least(self, threshold) -> float:
+        # |x| >= t is |x| > t' for t' the float32 just below t
+        below = np.nextafter(np.float32(threshold), np.float32(-np.inf))
+        _LIB.hg_exceedance_moments(self._ptr, self._x.size, float(below), 0, self._out)
+        return self._out[0]
 
 
 def abs_sample(x: np.ndarray, size: int, shift: float, phi: float) -> np.ndarray:

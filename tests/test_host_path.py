@@ -123,11 +123,12 @@ def test_native_exceedance_moments_equal_the_torch_pass(native_on, t):
 
 @needs_native
 @pytest.mark.parametrize("t", [0.0, 0.5, 1.5, 2.0, -1.0])
-def test_sidco_count_at_least_counts_ties_and_not_nan(native_on, t):
-    from horovod_gravac.selection.sidco import _count_at_least
+def test_native_moments_of_one_array_count_ties_and_not_nan(native_on, t):
     val = np.array([2.0, -2.0, 1.5, -0.5, 0.0, np.nan, 3.0, -1.4999999, 0.5], dtype=np.float32)
     want = np.count_nonzero(np.abs(val[~np.isnan(val)]) >= np.float32(t))
-    assert _count_at_least(val, t) == want
+    moments = native.MomentsOf(val)
+    assert moments.count_at_least(t) == want
+    assert moments(t) == native.exceedance_moments(val, t)
 
 
 @pytest.mark.parametrize("alpha", [0.01, 0.2, 1.0, 3.5, 80.0, 5000.0])

@@ -278,17 +278,18 @@ class SIDCoSelector(ThresholdSelector):
         # Every fit and count on the sample is one native pass over it (the sampled entries
         # above a stage's base are that stage's input: no copy of them is needed).
         base = float(sample.min())
-        moments = native.exceedance_moments(sample, base, squares)
+        sampled = native.MomentsOf(sample)
+        moments = sampled(base, squares)
         scale = n / s
         stage = 1
         density = min(plan[0] / max(moments[0] * scale, 1.0), 1.0)
         last = (base, moments, density)
         threshold = base + fitted_excess_host(self._stage_dist(1), moments, density)
         if adaptive and self.refine > 0:
-            threshold = self._refine_host(sample, plan[0] / scale, threshold, *last, self._stage_dist(1),
-                                          count=_count_at_least)
+            threshold = self._refine_host(sampled.count_at_least, plan[0] / scale, threshold, *last,
+                                          self._stage_dist(1))
         while stage < len(plan):
-            moments = native.exceedance_moments(sample, threshold, squares)   # this stage's input, sampled
+            moments = sampled(threshold, squares)   # this stage's input, sampled
             held = moments[0] if s < n else 0.0
             if plan[stage - 1] > self.compact_density * n:
                 on_sample = held >= _SAMPLE_FIT_MIN
@@ -307,8 +308,8 @@ class SIDCoSelector(ThresholdSelector):
             threshold = threshold + fitted_excess_host(self._stage_dist(stage), moments, density)
         if stage == len(plan):
             if adaptive and self.refine > 0 and k * s / n >= _SAMPLE_REFINE_HITS:
-                threshold = self._refine_host(sample, k * s / n, threshold, *last, self._stage_dist(stage),
-                                              count=_count_at_least)
+                threshold = self._refine_host(sampled.count_at_least, k * s / n, threshold, *last,
+                                              self._stage_dist(stage))
             self.last_stages = stage
             return native.select(x, max(threshold, float(TINY)), False, int(k * 1.25) + 64, k)
         idx, val = native.select(x, max(threshold, float(TINY)), False, int(plan[stage - 1] * 1.5) + 64,
@@ -328,31 +329,32 @@ class SIDCoSelector(ThresholdSelector):
         # work (|val|, then per stage a subtraction, a clamp, a count and two sums) cost 1-2 ms
         # per call at bucket sizes, as much as the selection pass over the whole tensor.
         last_base, last_moments, last_density = threshold, None, None
+        candidates = native.MomentsOf(val)
         for target in plan:
             stage += 1
-            moments = native.exceedance_moments(val, threshold, squares)
+            moments = candidates(threshold, squares)
             density = min(target / max(moments[0], 1.0), 1.0)
             last_base, last_moments, last_density = threshold, moments, density
             threshold = threshold + fitted_excess_host(self._stage_dist(stage), moments, density)
         if adaptive and self.refine > 0:
-            threshold = self._refine_host(val, k, threshold, last_base, last_moments, last_density,
-                                          self._stage_dist(stage), count=_count_at_least)
+            threshold = self._refine_host(candidates.count_at_least, k, threshold, last_base, last_moments,
+                                          last_density, self._stage_dist(stage))
         self.last_stages = stage
         keep, kept_val = native.select(val, max(threshold, float(TINY)), False, int(k * 1.25) + 64, k)
         return idx[keep], kept_val
 
-    def _refine_host(self, values: np.ndarray, k: float, threshold: float, base: float, moments,
-                     density: float, dist: str, count=None) -> float:
+    def _refine_host(self, count, k: float, threshold: float, base: float, moments,
+                     density: float, dist: str) -> float:
         """:meth:`_refine` with host scalars (it stops at the first round within tolerance,
-        where the torch version's later rounds leave everything unchanged).  ``count(values, t)``
-        counts the entries at or above ``t`` (default: non-negative ``values``, in NumPy)."""
+        where the torch version's later rounds leave everything unchanged); ``count(t)``
+        counts the entries at or above ``t``."""
         few, many = k * (1.0 - self.tolerance), k * (1.0 + self.tolerance)
         log_k = math.log(k)
         log_d = math.log(max(density, 1e-300))
         prev_log_d = prev_log_kept = None
         for _ in range(self.refine):
             at = np.float32(max(threshold, float(TINY)))
-            kept = max(float(np.count_nonzero(values >= at) if count is None else count(values, at)), 0.5)
+            kept = max(float(count(at)), 0.5)
             if few <= kept <= many:
                 break
             log_kept = math.log(kept)
@@ -367,9 +369,3 @@ class SIDCoSelector(ThresholdSelector):
             threshold = base + fitted_excess_host(dist, moments, math.exp(log_d))
         return threshold
 
-
-def _count_at_least(val: np.ndarray, threshold) -> float:
-    """How many of the signed float32 ``val`` have ``|v| >= threshold`` (NaN not counted), in
-    one native pass: ``|v| >= t`` is ``|v| > t'`` for ``t'`` the float32 just below ``t``."""
-    below = np.nextafter(np.float32(threshold), np.float32(-np.inf))
-    return native.exceedance_moments(val, float(below), squares=False)[0]
