@@ -385,12 +385,28 @@ def test_delivered_climbs_while_rungs_pass_and_pay_and_keeps_the_highest():
 
 def test_delivered_keeps_theta_min_where_more_compression_does_not_pay():
     # compute-bound: the same system throughput at every CF, so 20x (gain 0.95) has a lower
-    # compression throughput than 10x (0.99); it is tried every fifth window.
+    # compression throughput than 10x (0.99); after each failed trial it waits twice as long
+    # (4, 8, 16, then at most 32 windows).
     ctrl = delivered(remeasure_windows=4)
-    sent = drive_delivered(ctrl, 200, lambda cf: DELIVERED_GAINS[cf], lambda cf: 100.0)
+    sent = drive_delivered(ctrl, 700, lambda cf: DELIVERED_GAINS[cf], lambda cf: 100.0)
     per_window = [min(s) for s in windows_of(sent, 10)]
     assert per_window[:2] == [10, 20] and ctrl.theta_min == 10
-    assert [i for i, cf in enumerate(per_window) if cf == 20] == [1, 6, 11, 16]
+    assert [i for i, cf in enumerate(per_window) if cf == 20] == [1, 6, 15, 32, 65]
+    assert ctrl._failures[20] == 5
+
+
+def test_delivered_backoff_resets_once_the_rung_passes():
+    state = {"gains": {**DELIVERED_GAINS, 160: 0.6}}
+    ctrl = delivered(remeasure_windows=2)
+    sent = drive_delivered(ctrl, 160, lambda cf: state["gains"][cf], comm_bound)
+    per_window = [min(s) for s in windows_of(sent, 10)]
+    # 160 fails at window 3, then 2 and 4 windows later
+    assert [i for i, cf in enumerate(per_window) if cf == 160] == [3, 6, 11]
+    assert ctrl._failures[160] == 3 and ctrl.theta_min == 40
+    state["gains"][160] = 0.9                     # the phase changed: 160 passes (and pays) at its next trial
+    sent = drive_delivered(ctrl, 100, lambda cf: state["gains"][cf], comm_bound)
+    assert ctrl.theta_min == 160 and 160 not in ctrl._failures
+    assert "up" in [h["move"] for h in ctrl.history if h["evaluated_cf"] == 160]
 
 
 def test_delivered_steps_down_then_dense_then_back():
@@ -426,6 +442,7 @@ def test_delivered_state_round_trip_continues_identically():
     a, b = delivered(window=7), delivered(window=7)
     drive_delivered(a, 45, gain, comm_bound)
     b.load_state_dict(a.state_dict())
-    assert b.delivered_gain == a.delivered_gain and b._retry_at == a._retry_at
+    assert b.delivered_gain == a.delivered_gain and b._retry_at == a._retry_at and b._failures == a._failures
+    assert a._failures   # (160 failed: the backoff state is part of what is restored)
     assert drive_delivered(a, 60, gain, comm_bound) == drive_delivered(b, 60, gain, comm_bound)
     assert a.config()["variant"] == "delivered"
