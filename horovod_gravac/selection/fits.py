@@ -140,7 +140,10 @@ def gamma_upper_quantile_host(alpha: float, density: float) -> float:
         y = math.exp(u)
         q = max(_gammaincc_host(alpha, y), 1e-300)
         slope = -math.exp(min((alpha - 1.0) * u - y - lg + u - math.log(q), 700.0))
-        u = u - min(max((math.log(q) - log_d) / min(slope, -1e-300), -5.0), 5.0)
+        step = min(max((math.log(q) - log_d) / min(slope, -1e-300), -5.0), 5.0)
+        u = u - step
+        if abs(step) <= 1e-14 * max(1.0, abs(u)):
+            break   # converged: later steps move u by less than its rounding (each costs a Q in Python)
     return math.exp(u)
 
 
