@@ -129,6 +129,13 @@ def _deterministic_if(needed: bool):
         torch.use_deterministic_algorithms(False, warn_only=warn_only)
 
 
+def words_as_float64(words: torch.Tensor) -> torch.Tensor:
+    """int32 words (pairs along the last dimension) as float64, on the CPU.  Always a fresh
+    copy: viewing as a wider dtype needs an even storage offset, and a slice of a column
+    copied from the GPU is contiguous at an odd offset (found on an H200)."""
+    return words.cpu().clone(memory_format=torch.contiguous_format).view(torch.float64)
+
+
 def read_header_stats(gathered: torch.Tensor, world: int, n: int) -> torch.Tensor:
     """The rank-averaged float64 statistics from the headers of a gathered buffer."""
     head, pos, rows = header_rows(n), 0, []
@@ -137,7 +144,7 @@ def read_header_stats(gathered: torch.Tensor, world: int, n: int) -> torch.Tenso
         if block.numel() != head:
             raise RuntimeError(f"horovod_gravac: malformed statistics header of rank {r} "
                                f"(gathered {gathered.shape[0]} rows)")
-        rows.append(block[1:].contiguous().view(torch.float64))
+        rows.append(words_as_float64(block[1:]))
         pos += head + int(block[0])
     if pos != gathered.shape[0]:
         raise RuntimeError(f"horovod_gravac: statistics headers cover {pos} of {gathered.shape[0]} "
@@ -170,8 +177,7 @@ def read_slot_stats(summed: torch.Tensor, world: int, k_cap: int, n_stats: int) 
     """The statistics of every slot of a summed join-safe buffer, averaged over ``world``
     (a joined rank's slot is zeros: it counts as zero, as in Horovod's joined average)."""
     rows, head = slot_rows(k_cap, n_stats), header_rows(n_stats)
-    blocks = summed.view(world, rows, 2)[:, 1:head, 0].cpu().contiguous()
-    return blocks.view(torch.float64).sum(0).div_(world)
+    return words_as_float64(summed.view(world, rows, 2)[:, 1:head, 0]).sum(0).div_(world)
 
 
 def with_stats(flat: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:

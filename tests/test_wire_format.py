@@ -36,6 +36,19 @@ def test_headers_survive_an_uneven_gather_and_are_dropped_from_the_sum():
     assert dense.tolist() == [1.0, 0, 0, 0, 12.0, 0, 0, 0, 0, 3.0]
 
 
+def test_headers_read_back_when_copying_to_the_cpu_makes_a_fresh_contiguous_column(monkeypatch):
+    """On a GPU, ``gathered[rows, 0].cpu()`` is a fresh contiguous copy, so the statistics
+    words after the row count sit at an odd storage offset and cannot be viewed as float64
+    in place (an H200 run raised there).  Emulated here by a ``cpu()`` that copies."""
+    stats = [torch.tensor([1.5, -2.0, 3.25, 0.0, 1e-300, 7.0], dtype=torch.float64) * (r + 1) for r in range(3)]
+    gathered = torch.cat([comm.pack(payload([1.0] * r, list(range(r))), s, 4) for r, s in enumerate(stats)])
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda self: self.clone(memory_format=torch.contiguous_format))
+    assert torch.equal(comm.read_header_stats(gathered, world=3, n=6), torch.stack(stats).sum(0) / 3)
+    words = torch.cat([torch.tensor([7], dtype=torch.int32), stats[0].view(torch.int32)])
+    assert words[1:].storage_offset() == 1 and words[1:].is_contiguous()
+    assert torch.equal(wire.words_as_float64(words[1:]), stats[0])
+
+
 def test_a_gather_whose_headers_do_not_add_up_is_an_error():
     packed = comm.pack(payload([1.0], [2]), torch.zeros(6, dtype=torch.float64), 5)
     with pytest.raises(RuntimeError, match="statistics header"):
