@@ -26,13 +26,14 @@ import torch
 from .. import native
 from .kernels import _work_dtype
 
-def _stratum_starts(numel: int, k: int) -> torch.Tensor:
+def _stratum_starts(numel: int, k: int, device=None) -> torch.Tensor:
     """``floor(i * numel / k)`` for ``i = 0..k``: strata of floor or ceil of numel/k entries,
     the long and short ones evenly interleaved (so every entry's chance is ~k/numel locally,
     not only on average).  Float64 division is exact here while ``k * numel < 2**52``
     (the quotient is never within half an ulp below an integer) and ~2x cheaper than
-    int64 division."""
-    i = torch.arange(k + 1, dtype=torch.float64 if k * numel < 2 ** 52 else torch.int64)
+    int64 division.  Made on ``device``: uploading it from the CPU would be a synchronising
+    (pageable) copy on a GPU."""
+    i = torch.arange(k + 1, dtype=torch.float64 if k * numel < 2 ** 52 else torch.int64, device=device)
     if i.dtype == torch.int64:
         return i.mul_(numel).floor_divide_(k)
     return i.mul_(numel).div_(k).floor_().to(torch.int64)
@@ -56,7 +57,7 @@ def stratified_indices(numel: int, k: int, generator: torch.Generator, device=No
         # u * size can round up to size in floating point: the clamp keeps the draw in its stratum
         index.add_(u.mul_(size).to(torch.int64).clamp_(max=size - 1))
     else:
-        bounds = _stratum_starts(numel, k).to(gdev)
+        bounds = _stratum_starts(numel, k, gdev)
         sizes = bounds[1:] - bounds[:-1]                   # >= 1 because k <= numel
         offsets = u.mul_(sizes).to(torch.int64)
         index = bounds[:-1].add_(torch.minimum(offsets, sizes.sub_(1), out=offsets))
