@@ -3,10 +3,10 @@
 #
 #   bash scripts/gpu_check.sh            # after scripts/setup.sh (or quickstart.sh)
 #
-# NOT YET RUN ON A GPU: no machine used for this project so far had one.  It needs a CUDA
-# build of torch in the virtual environment (scripts/setup.sh installs the CPU wheel; on a
-# GPU machine install the CUDA wheel of the same torch version first, and build Horovod with
-# HOROVOD_GPU_OPERATIONS=NCCL for step 3).
+# Run on an NVIDIA H200 (torch 2.11.0+cu130; results in benchmarks/results/gpu_h200/).  It
+# needs a CUDA build of torch (scripts/setup.sh installs the CPU wheel: on a GPU machine
+# install the CUDA wheel of the same torch version first, or set PYTHON to an environment that
+# has one), and for step 3 Horovod with NCCL (scripts/build_horovod_gpu.sh builds it).
 #
 # Steps (each runs even if an earlier one failed; every result goes to a file):
 #   1. environment: nvidia-smi, torch/CUDA versions, horovodrun --check-build   -> env.txt
@@ -14,21 +14,21 @@
 #   3. the optimizer on CUDA with each compressor, horovodrun with NCCL, pytest on every rank
 #      (tests/parallel/test_cuda_nccl.py; 2 ranks when there are 2 GPUs, else 1 rank:
 #      NCCL refuses two ranks on one GPU; skipped if Horovod has no NCCL)   -> nccl_optimizer.txt
-#   4. the compressor benchmark on the GPU (python -m benchmarks.compressors --device cuda;
-#      skipped, with a note, while the benchmark has no --device option)     -> compressors_cuda.txt, .csv
+#   4. the compressor size sweep on the GPU
+#      (python -m benchmarks.compressors --sweep-only --device cuda)      -> compressors_sweep_cuda.txt, .csv
 #   summary.txt: one line per step.  The results folder is printed at the end.
 #
 # Settings (environment): PYTHON (default .venv/bin/python), RESULTS (default
-# reports/gpu_check/<UTC time>), GPU_CHECK_NUMEL (benchmark size, default 25000000),
-# GPU_CHECK_TIMEOUT (seconds per step, default 1800), GPU_CHECK_DRY_RUN=1 (without a GPU: run
-# every step anyway, to check the script itself; it still exits 1).
+# reports/gpu_check/<UTC time>), GPU_CHECK_TIMEOUT (seconds per step, default 1800),
+# GPU_CHECK_SWEEP=0 (skip step 4), GPU_CHECK_DRY_RUN=1 (without a GPU: run every step
+# anyway, to check the script itself; it still exits 1).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd)
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+PYTHON=$(command -v "$PYTHON" || echo "$PYTHON")   # a bare name (python3) is looked up on PATH
 HOROVODRUN=${HOROVODRUN:-$(dirname "$PYTHON")/horovodrun}
 RESULTS=${RESULTS:-$ROOT/reports/gpu_check/$(date -u +%Y%m%dT%H%M%SZ)}
-NUMEL=${GPU_CHECK_NUMEL:-25000000}
 STEP_TIMEOUT=${GPU_CHECK_TIMEOUT:-1800}
 mkdir -p "$RESULTS"
 SUMMARY=$RESULTS/summary.txt
@@ -75,7 +75,8 @@ EOF
 cat "$RESULTS/env.txt"
 CUDA_OK=$("$PYTHON" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 NGPU=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
-NCCL=$("$PYTHON" -c "import horovod.torch as h; print(int(h.nccl_built()))" 2>/dev/null || echo 0)
+HVD=$("$PYTHON" -c "import horovod.torch" >/dev/null 2>&1 && echo 1 || echo 0)
+NCCL=$("$PYTHON" -c "import horovod.torch as h; print(int(bool(h.nccl_built())))" 2>/dev/null || echo 0)
 note "INFO  env: cuda available=$CUDA_OK, GPUs=$NGPU, Horovod NCCL=$NCCL (env.txt)"
 if [ "$CUDA_OK" != 1 ]; then
   note "FAIL  torch.cuda.is_available() is False: install a CUDA build of torch (and a driver); nothing ran on a GPU"
@@ -89,26 +90,34 @@ step "pytest -m cuda (tests/test_cuda.py)" "$RESULTS/pytest_cuda.txt" \
   "$PYTHON" -m pytest -m cuda -v -rs -p no:cacheprovider tests/test_cuda.py --junitxml="$RESULTS/pytest_cuda.xml"
 
 # 3. the optimizer under horovodrun with NCCL ---------------------------------------------------------
-if [ "$NCCL" != 1 ]; then
+if [ "$HVD" != 1 ]; then
+  note "SKIP  NCCL optimizer run: Horovod is not installed for $PYTHON (the compressor and wire-format tests need no Horovod; the optimizer's do)"
+elif [ "$NCCL" != 1 ]; then
   note "SKIP  NCCL optimizer run: Horovod was built without NCCL (hvd.nccl_built() is False); rebuild it with HOROVOD_GPU_OPERATIONS=NCCL"
-elif [ ! -x "$HOROVODRUN" ]; then
-  note "SKIP  NCCL optimizer run: no horovodrun at $HOROVODRUN"
 else
+  # horovodrun is a console script; where Horovod was installed with pip --target there is
+  # none on PATH, and its module runs the same launcher.
+  LAUNCH=("$HOROVODRUN")
+  [ -x "$HOROVODRUN" ] || LAUNCH=("$PYTHON" -m horovod.runner.launch)
   NP=2
   if [ "$NGPU" -lt 2 ]; then
     NP=1
     note "INFO  only $NGPU GPU: the NCCL run uses 1 rank (NCCL refuses two ranks on one GPU); the 2-rank run needs 2 GPUs"
   fi
   step "horovodrun -np $NP NCCL optimizer, every compressor (tests/parallel/test_cuda_nccl.py)" "$RESULTS/nccl_optimizer.txt" \
-    "$HOROVODRUN" -np "$NP" -H "localhost:$NP" --gloo "$PYTHON" -m pytest -v -s -p no:cacheprovider \
+    "${LAUNCH[@]}" -np "$NP" -H "localhost:$NP" --gloo "$PYTHON" -m pytest -v -s -p no:cacheprovider \
     tests/parallel/test_cuda_nccl.py
 fi
 
 # 4. the compressor benchmark on the GPU ------------------------------------------------------------
 # The size sweep (256K-25M entries, one full bucket included), each compressor against
 # exact Top-k (torch.topk on CUDA) on the same tensor and against a streaming pass.
+if [ "${GPU_CHECK_SWEEP:-1}" = 0 ]; then
+  note "SKIP  compressor benchmark: GPU_CHECK_SWEEP=0"
+else
 step "compressor benchmark: python -m benchmarks.compressors --sweep-only --device cuda" "$RESULTS/compressors_sweep_cuda.log" \
   "$PYTHON" -m benchmarks.compressors --sweep-only --device cuda --out "$RESULTS/compressors_sweep_cuda"
+fi
 
 echo
 cat "$SUMMARY"
