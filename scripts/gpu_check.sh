@@ -16,6 +16,7 @@
 #      NCCL refuses two ranks on one GPU; skipped if Horovod has no NCCL)   -> nccl_optimizer.txt
 #   4. the compressor size sweep on the GPU
 #      (python -m benchmarks.compressors --sweep-only --device cuda)      -> compressors_sweep_cuda.txt, .csv
+#      and SIDCo's device_fits="host" against "device" (benchmarks/sidco_device_fits.py) -> sidco_device_fits_cuda.txt
 #   summary.txt: one line per step.  The results folder is printed at the end.
 #
 # Settings (environment): PYTHON (default .venv/bin/python), RESULTS (default
@@ -117,6 +118,9 @@ if [ "${GPU_CHECK_SWEEP:-1}" = 0 ]; then
 else
 step "compressor benchmark: python -m benchmarks.compressors --sweep-only --device cuda" "$RESULTS/compressors_sweep_cuda.log" \
   "$PYTHON" -m benchmarks.compressors --sweep-only --device cuda --out "$RESULTS/compressors_sweep_cuda"
+# SIDCo's two places to fit, side by side (device_fits="host", the default, against "device").
+step "SIDCo fits on the host against on the device: python -m benchmarks.sidco_device_fits --device cuda" \
+  "$RESULTS/sidco_device_fits_cuda.txt" "$PYTHON" -m benchmarks.sidco_device_fits --device cuda
 fi
 
 echo

@@ -215,7 +215,9 @@ def test_host_syncs_on_cuda_match_the_documented_counts(name):
         syncs = [w for w in caught if "called a synchronizing" in str(w.message)]
         # Random-k draws its indices on the CPU; their upload (a pageable host-to-device
         # copy) is a synchronising copy for CUDA, though not a data-dependent sync.
-        allowed = per_compress + (1 if name == "randomk" else 0)
+        # SIDCo (device_fits="host", the default) copies its sample and its candidates to the
+        # host, where it fits: two device-to-host copies that the dispatch counter does not see.
+        allowed = per_compress + (1 if name == "randomk" else 0) + (2 if name.startswith("sidco") else 0)
         print(f"{name} cf={cf}: {c.total} dispatch-counted syncs, {len(syncs)} CUDA sync warnings")
         assert len(syncs) <= allowed, (name, cf, [str(w.message)[:120] for w in syncs])
 

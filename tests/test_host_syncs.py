@@ -42,7 +42,8 @@ class SyncCounter(TorchDispatchMode):
         return sum(self.ops.values())
 
 
-# compressor -> at most this many syncs per compress() / per compress_further()
+# compressor -> at most this many syncs per compress() / per compress_further() (SIDCo: its
+# ``nonzero`` calls; its copies to the host are counted in the test at the end)
 DOCUMENTED = {
     "randomk": (RandomKCompressor, 0, 0),
     "dgc": (DGCCompressor, 1, 1),
@@ -85,3 +86,57 @@ def test_decompress_does_not_sync():
         comp.decompress(payload, ctx)
         comp.decompress(payload, ctx, out=buf)
     assert c.total == 0, dict(c.ops)
+
+
+# -- SIDCo's device_fits="host": copies to the host instead of device-side fits ------------------
+@pytest.mark.parametrize("dist", ["exponential", "gpareto", "gamma"])
+def test_sidco_host_fits_copy_at_most_twice_and_launch_few_ops(dist, accelerator_path, monkeypatch):
+    """The default accelerator path copies the stage-1 sample and (with a candidate phase) the
+    candidates to the host, and fits there: at most 2 copies + 2 ``nonzero`` per call, the
+    same at every size and CF, and a few dozen tensor operations instead of the device-side
+    fits' hundreds to thousands (each a kernel launch on a GPU)."""
+    import horovod_gravac.selection.sidco as sidco
+    copies = []
+    real = sidco._to_host
+    monkeypatch.setattr(sidco, "_to_host", lambda t: copies.append(t.numel()) or real(t))
+
+    class OpCounter(SyncCounter):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops["all"] += 1
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    for numel in (300_000, 1_200_000):
+        t = torch.distributions.Laplace(0.0, 1.0).sample((numel,))
+        for cf in (10, 100, 1000):
+            ops = {}
+            for fits in ("host", "device"):
+                comp = SIDCoCompressor(cf, distribution=dist, device_fits=fits)
+                copies.clear()
+                with OpCounter() as c:
+                    payload, _ = comp.compress(t)
+                syncs = c.total - c.ops["all"]
+                ops[fits] = c.ops["all"]
+                assert 0.8 <= payload.values.numel() * cf / numel <= 1.25, (fits, cf, payload.values.numel())
+                if fits == "host":
+                    assert len(copies) == (1 if cf == 10 else 2), (cf, copies)
+                    assert syncs + len(copies) <= 4, (cf, dict(c.ops), copies)
+                else:
+                    assert copies == [] and syncs <= 2, (cf, dict(c.ops))
+            assert ops["host"] <= 40 and ops["device"] >= 10 * ops["host"], ops
+
+
+def test_sidco_device_fits_must_be_host_or_device():
+    with pytest.raises(ValueError, match="device_fits"):
+        SIDCoCompressor(10, device_fits="gpu")
+
+
+def test_sidco_device_fits_benchmark_runs_and_restores_the_kernels(capsys):
+    from benchmarks import sidco_device_fits
+    before = kernels._chunked, kernels.host_path
+    assert sidco_device_fits.main(["--sizes", "70000", "--cfs", "10,1000", "--repeats", "1"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("70,000")]
+    assert len(rows) == 6   # 3 distributions x 2 CFs
+    for row in rows:
+        ops_device, ops_host = int(row[3]), int(row[4])
+        assert ops_host < ops_device and 0.8 <= float(row[-1]) <= 1.25, row
+    assert (kernels._chunked, kernels.host_path) == before

@@ -12,5 +12,5 @@ from .dgc import ThresholdCompressor
 class SIDCoCompressor(SIDCoSelector, ThresholdCompressor):
     """Threshold from a fitted sparsity-inducing distribution with multi-stage refinement.
     Arguments: ``cf``, ``distribution``, ``stages``, ``first_density``, ``stage_density``,
-    ``compact_density``, ``refine``, ``tolerance``, ``seed``; see
+    ``compact_density``, ``refine``, ``tolerance``, ``seed``, ``device_fits``; see
     :class:`~horovod_gravac.selection.sidco.SIDCoSelector`."""

@@ -50,11 +50,23 @@ pass; CF 100 and 1000 cost a sample, two statistics passes, the candidate gather
 (at ~1.6 % density) and work proportional to the candidates.  (The CPU host path fits
 those stages on its sample instead of passes, and gathers deeper: see ``_select_host``.)
 
-Host synchronisations per ``select``: at most two (the candidate gather and the
-final selection, both ``nonzero``); one when no stage reaches the candidate phase
-(low CFs).  Every stage and refinement round is a fixed sequence of tensor
-operations over the candidates, masked by the stage's base: thresholds and counts
-stay on the device.
+Where the fits run (tensors that do not take the CPU host path: a GPU's, or the CPU's
+without the native kernels), ``device_fits``:
+
+* ``"host"`` (default): the stage-1 sample, and with a candidate phase the candidates'
+  magnitudes, are copied to the host once each, and every fit, count and refinement round
+  runs there on Python scalars, exactly as the CPU host path's (``_staged_on_host`` is
+  shared); the device runs the sample, the candidate gather and the final selection,
+  about 20-28 tensor operations a call.  Host synchronisations: one or two copies and one
+  or two ``nonzero``, at most four.
+* ``"device"``: every stage and refinement round is a fixed sequence of tensor operations
+  over the candidates, masked by the stage's base, so thresholds and counts stay on the
+  device: at most two host synchronisations (the candidate gather and the final
+  selection, both ``nonzero``; one at low CFs).  That is 560-2300 small tensor operations
+  a call (exponential / generalised Pareto / gamma), each a kernel launch on a GPU: on an
+  H200 it cost 5-31 ms a call, 3.5-21x exact Top-k, where the passes themselves take
+  0.1 ms.  It stays as the option for hardware where a synchronisation costs more than
+  hundreds of launches.
 """
 from __future__ import annotations
 
@@ -101,8 +113,15 @@ class SIDCoSelector(ThresholdSelector):
             plan only; see the module docstring).
         tolerance: refinement stops once the kept count is within ``k * (1 +- tolerance)``.
         seed: seed of the private per-device generators (stage 1's sample; see ``set_step``).
+        device_fits: where tensors off the CPU host path (a GPU's, or the CPU's without the
+            native kernels) are fitted: ``"host"`` (default) copies stage 1's sample and then
+            the candidates to the host once each and fits and refines there with Python
+            scalars, as the CPU host path does: about 25 tensor operations and up to four host
+            synchronisations per call; ``"device"`` keeps every fit and refinement round on
+            the device: two synchronisations, but 560-2300 small tensor operations, each a
+            kernel launch on a GPU (5-31 ms a call on an H200, 3.5-21x exact Top-k).
 
-    Host synchronisations per ``select``: at most two (see the module docstring).
+    Host synchronisations per ``select``: see ``device_fits`` and the module docstring.
     Cost: a 64k sample, one statistics pass per large stage (one at CF 10, two at CF 100
     and 1000 with the defaults), one selection pass, then work proportional to the
     candidates.
@@ -111,8 +130,11 @@ class SIDCoSelector(ThresholdSelector):
     def __init__(self, cf: float = 100.0, distribution: str = "exponential",
                  stages: Optional[int] = None, first_density: float = 0.25,
                  stage_density: float = 0.25, compact_density: float = 0.02, refine: int = 6,
-                 tolerance: float = 0.05, seed: int = 0):
+                 tolerance: float = 0.05, seed: int = 0, device_fits: str = "host"):
         super().__init__(cf, seed)
+        if device_fits not in ("host", "device"):
+            raise ValueError(f"device_fits must be 'host' or 'device', got {device_fits!r}")
+        self.device_fits = device_fits
         if not isinstance(distribution, str) or distribution not in DISTRIBUTIONS:
             raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, "
                              f"got {distribution!r}")
@@ -131,7 +153,7 @@ class SIDCoSelector(ThresholdSelector):
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(cf={self.cf:g}, distribution={self.distribution!r}, "
-                f"stages={self.stages!r})")
+                f"stages={self.stages!r}, device_fits={self.device_fits!r})")
 
     def _stage_dist(self, stage: int) -> str:
         return "gpareto" if self.distribution == "gamma" and stage > 1 else self.distribution
@@ -151,6 +173,42 @@ class SIDCoSelector(ThresholdSelector):
         return plan
 
     def _select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
+        if self.device_fits == "host":
+            return self._select_fitting_on_host(flat, k)
+        return self._select_fitting_on_device(flat, k)
+
+    def _select_fitting_on_host(self, flat: torch.Tensor, k: int) -> torch.Tensor:
+        """The device tensor's passes and gathers stay on its device; the sample and the
+        candidates are copied to the host once each (``_to_host``), and every fit, count and
+        refinement round runs there (:meth:`_staged_on_host`).  Host synchronisations: the
+        sample copy, the final ``nonzero``, and with a candidate phase the candidate
+        ``nonzero`` and copy: at most four (plus one per streaming-pass fit, which the
+        default plan never needs on a 65536-entry sample)."""
+        n = flat.numel()
+        squares = self.distribution != "exponential"
+        s = min(n, _FIRST_SAMPLE)
+        sample = _to_host(stratified_abs_sample(flat, s, self._generators(flat.device)))
+
+        def pass_moments(threshold):
+            moments = exceedance_moments(flat, torch.tensor(threshold, dtype=torch.float64), squares)
+            return tuple(_to_host(moments).tolist())
+
+        def gather(threshold, expected, final):
+            at = torch.tensor(max(threshold, float(TINY)), dtype=torch.float64)
+            idx, mag = select_abs_at_least(flat, at, expected / n, not final)
+            return (idx if final else (idx, mag)), (None if final else _to_host(mag))
+
+        def finish(candidates, threshold):
+            idx, mag = candidates
+            if threshold is None:
+                return idx
+            keep = torch.nonzero(mag >= torch.tensor(max(threshold, float(TINY))).to(mag.dtype)).view(-1)
+            return idx.index_select(0, keep)
+
+        return self._staged_on_host(n, k, sample, pass_moments, gather, finish,
+                                    count=lambda c: c[0].numel())
+
+    def _select_fitting_on_device(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         n = flat.numel()
         dev = flat.device
         squares = self.distribution != "exponential"
@@ -269,16 +327,47 @@ class SIDCoSelector(ThresholdSelector):
           (``hg_exceedance_moments``), and the kept candidates are gathered by the select
           pass; the NumPy array operations they replace cost as much as the selection pass
           itself at bucket sizes."""
-        n = x.size
+        squares = self.distribution != "exponential"
+        sample = host_abs_sample(x, min(x.size, HOST_SAMPLE_MAX), self._host_generator())
+
+        def gather(threshold, expected, final):
+            at = max(threshold, float(TINY))
+            if final:
+                return native.select(x, at, False, int(k * 1.25) + 64, k), None
+            idx, val = native.select(x, at, False, int(expected * 1.5) + 64, expected)
+            return (idx, val), val
+
+        def finish(candidates, threshold):
+            idx, val = candidates
+            if threshold is None:
+                return idx, val
+            keep, kept_val = native.select(val, max(threshold, float(TINY)), False, int(k * 1.25) + 64, k)
+            return idx[keep], kept_val
+
+        return self._staged_on_host(x.size, k, sample,
+                                    lambda threshold: native.exceedance_moments(x, threshold, squares),
+                                    gather, finish, count=lambda c: c[0].size)
+
+    def _staged_on_host(self, n: int, k: int, sample: np.ndarray, pass_moments, gather, finish, count):
+        """The stages, fits and refinement rounds of :meth:`_select` with host scalars, shared by
+        the CPU host path and the accelerators' ``device_fits="host"``; what touches the
+        tensor itself comes in as functions:
+
+        * ``sample``: host magnitudes at stratified positions (every entry when it is whole);
+        * ``pass_moments(t)``: exact ``(m, sum w, sum w^2)`` of the excesses over the tensor;
+        * ``gather(t, expected, final)``: the entries ``|x| >= t``, as ``(result, None)`` when
+          ``final`` (the selection itself), else ``(candidates, host values of them)``;
+        * ``finish(candidates, t)``: the candidates ``>= t``, the selection (all of them for
+          ``t=None``);
+        * ``count(candidates)``: how many were gathered."""
         squares = self.distribution != "exponential"
         plan = self._plan(n, k)
         adaptive = self.stages is None
-        s = min(n, HOST_SAMPLE_MAX)
-        sample = host_abs_sample(x, s, self._host_generator())
-        # Every fit and count on the sample is one native pass over it (the sampled entries
-        # above a stage's base are that stage's input: no copy of them is needed).
+        s = sample.size
+        # Every fit and count on the sample is one pass over it (the sampled entries above a
+        # stage's base are that stage's input: no copy of them is needed).
         base = float(sample.min())
-        sampled = native.MomentsOf(sample)
+        sampled = _moments_of(sample)
         moments = sampled(base, squares)
         scale = n / s
         stage = 1
@@ -300,7 +389,7 @@ class SIDCoSelector(ThresholdSelector):
             if on_sample:
                 moments = tuple(v * scale for v in moments)
             else:   # too few sampled: a streaming pass
-                moments = native.exceedance_moments(x, threshold, squares)
+                moments = pass_moments(threshold)
             target = plan[stage]
             stage += 1
             density = min(target / max(moments[0], 1.0), 1.0)
@@ -311,25 +400,23 @@ class SIDCoSelector(ThresholdSelector):
                 threshold = self._refine_host(sampled.count_at_least, k * s / n, threshold, *last,
                                               self._stage_dist(stage))
             self.last_stages = stage
-            return native.select(x, max(threshold, float(TINY)), False, int(k * 1.25) + 64, k)
-        idx, val = native.select(x, max(threshold, float(TINY)), False, int(plan[stage - 1] * 1.5) + 64,
-                                 plan[stage - 1])
-        mcount = idx.size
+            return gather(threshold, k, True)[0]
+        gathered, values = gather(threshold, plan[stage - 1], False)
+        mcount = count(gathered)
         if mcount <= k:
             self.last_stages = stage
-            return idx, val
+            return finish(gathered, None)
         if adaptive:
             rest = max(1, math.ceil(math.log(k / mcount) / math.log(self.stage_density)))
             plan = [mcount * (k / mcount) ** (j / rest) for j in range(1, rest + 1)]
         else:
             plan = plan[stage:]
-        # The candidate phase in the native kernels: each stage's fit is one vectorised pass of
-        # hg_exceedance_moments over the candidates' signed values (|v| inside), each refinement
-        # count another, and the kept ones are gathered by the select pass; in NumPy the same
-        # work (|val|, then per stage a subtraction, a clamp, a count and two sums) cost 1-2 ms
-        # per call at bucket sizes, as much as the selection pass over the whole tensor.
+        # The candidate phase: each stage's fit is one pass over the candidates' values (|v|
+        # inside), each refinement count another, and the kept ones are taken by ``finish``;
+        # in NumPy the same work (|val|, then per stage a subtraction, a clamp, a count and two
+        # sums) cost 1-2 ms per call at bucket sizes, as much as the selection pass itself.
         last_base, last_moments, last_density = threshold, None, None
-        candidates = native.MomentsOf(val)
+        candidates = _moments_of(values)
         for target in plan:
             stage += 1
             moments = candidates(threshold, squares)
@@ -340,8 +427,7 @@ class SIDCoSelector(ThresholdSelector):
             threshold = self._refine_host(candidates.count_at_least, k, threshold, last_base, last_moments,
                                           last_density, self._stage_dist(stage))
         self.last_stages = stage
-        keep, kept_val = native.select(val, max(threshold, float(TINY)), False, int(k * 1.25) + 64, k)
-        return idx[keep], kept_val
+        return finish(gathered, threshold)
 
     def _refine_host(self, count, k: float, threshold: float, base: float, moments,
                      density: float, dist: str) -> float:
@@ -369,3 +455,28 @@ class SIDCoSelector(ThresholdSelector):
             threshold = base + fitted_excess_host(dist, moments, math.exp(log_d))
         return threshold
 
+
+def _to_host(t: torch.Tensor) -> np.ndarray:
+    """A device tensor's values as a float32 host array (float64 for moments): one device-to-host
+    copy, a synchronisation on an accelerator (tests count the calls)."""
+    t = t.detach()
+    return t.cpu().numpy() if t.dtype == torch.float64 else t.float().cpu().numpy()
+
+
+class _NumpyMoments:
+    """``native.MomentsOf``'s interface in NumPy, where the native kernels do not take the array
+    (not built or switched off, or not float32)."""
+
+    def __init__(self, x: np.ndarray):
+        self._a = np.abs(x.astype(np.float64))
+
+    def __call__(self, threshold, squares: bool = True):
+        w = self._a[self._a > threshold] - threshold   # NaN compares False: left out
+        return float(w.size), float(w.sum()), (float(np.dot(w, w)) if squares else 0.0)
+
+    def count_at_least(self, threshold) -> float:
+        return float(np.count_nonzero(self._a >= float(np.float32(threshold))))
+
+
+def _moments_of(x: np.ndarray):
+    return native.MomentsOf(x) if native.usable(x) else _NumpyMoments(x)
