@@ -17,6 +17,7 @@
 #   4. the compressor size sweep on the GPU
 #      (python -m benchmarks.compressors --sweep-only --device cuda)      -> compressors_sweep_cuda.txt, .csv
 #      and SIDCo's device_fits="host" against "device" (benchmarks/sidco_device_fits.py) -> sidco_device_fits_cuda.txt
+#      and the operations behind each compress (benchmarks/compressor_profile.py) -> compressor_profile_cuda.txt
 #   summary.txt: one line per step.  The results folder is printed at the end.
 #
 # Settings (environment): PYTHON (default .venv/bin/python), RESULTS (default
@@ -121,6 +122,9 @@ step "compressor benchmark: python -m benchmarks.compressors --sweep-only --devi
 # SIDCo's two places to fit, side by side (device_fits="host", the default, against "device").
 step "SIDCo fits on the host against on the device: python -m benchmarks.sidco_device_fits --device cuda" \
   "$RESULTS/sidco_device_fits_cuda.txt" "$PYTHON" -m benchmarks.sidco_device_fits --device cuda
+# The operations behind the totals (Top-k ran 7 operations in 1.2-1.9 ms on an H200).
+step "profile of compress: python -m benchmarks.compressor_profile --device cuda" \
+  "$RESULTS/compressor_profile_cuda.txt" "$PYTHON" -m benchmarks.compressor_profile --device cuda
 fi
 
 echo

@@ -30,3 +30,11 @@ def test_gpu_check_without_a_gpu_says_so_and_dry_runs_every_step(tmp_path):
     assert "compressor benchmark" in summary or "compressors.py --device cuda" in summary, summary
     assert (tmp_path / "r" / "env.txt").exists() and f"results: {tmp_path / 'r'}" in out
     assert "skipped" in (tmp_path / "r" / "pytest_cuda.txt").read_text()
+
+
+def test_compressor_profile_prints_a_table_per_compressor_and_cf(capsys):
+    from benchmarks import compressor_profile
+    assert compressor_profile.main(["--numel", "50000", "--cfs", "10,100", "--compressors", "topk,dgc",
+                                    "--repeats", "1", "--rows", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("## ") == 4 and out.count("Self CPU time total") == 4
