@@ -105,6 +105,10 @@ CONFIGS["gravac-ladder-geo-redsync-eps0.7"] = ("adaptive", _gravac("ladder", "ge
 # The gain measured over a window on what error feedback delivered (GraVAC variant "delivered").
 CONFIGS["gravac-delivered-exp-topk-eps0.7"] = ("adaptive", _gravac("delivered", "exponential", "topk", "0.7"))
 CONFIGS["gravac-delivered-exp-dgc-eps0.7"] = ("adaptive", _gravac("delivered", "exponential", "dgc", "0.7"))
+# Delivered on a finer ladder (Geometric ratio 2: 10, 20, 40, 80, 160, ...): a failed trial
+# is one doubling, not the Exponential ladder's 40 -> 160 jump, whose trial windows set the
+# 1D CNN's accuracy back.
+CONFIGS["gravac-delivered-geo-topk-eps0.7"] = ("adaptive", _gravac("delivered", "geometric", "topk", "0.7"))
 
 # What runs at which rate (the slow link is where compression matters; the fast one keeps
 # the comparison honest where it does not).
@@ -112,7 +116,8 @@ ADAPTIVE_AT = {
     "100mbit": ["gravac-ladder-exp-topk-eps0.7", "gravac-paper-exp-topk-eps0.7",
                 "gravac-ladder-geo-topk-eps0.9", "gravac-ladder-exp-topk-eps0.5",
                 "gravac-ladder-exp-dgc-eps0.7", "gravac-ladder-geo-redsync-eps0.7",
-                "gravac-delivered-exp-topk-eps0.7", "gravac-delivered-exp-dgc-eps0.7"],
+                "gravac-delivered-exp-topk-eps0.7", "gravac-delivered-exp-dgc-eps0.7",
+                "gravac-delivered-geo-topk-eps0.7"],
     "1gbit": ["gravac-ladder-exp-topk-eps0.7", "gravac-ladder-geo-topk-eps0.9",
               "gravac-paper-exp-topk-eps0.7", "gravac-delivered-exp-topk-eps0.7"],
 }
@@ -120,7 +125,7 @@ ADAPTIVE_AT = {
 # fewer GraVAC configurations at the slow rate, to keep the whole benchmark near an hour.
 LIGHT_AT_100MBIT = ["gravac-ladder-exp-topk-eps0.7", "gravac-ladder-geo-topk-eps0.9",
                     "gravac-paper-exp-topk-eps0.7", "gravac-ladder-exp-dgc-eps0.7",
-                    "gravac-delivered-exp-topk-eps0.7"]
+                    "gravac-delivered-exp-topk-eps0.7", "gravac-delivered-geo-topk-eps0.7"]
 
 
 def adaptive_at(workload: str, rate: str) -> List[str]:
@@ -417,7 +422,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--steps", type=int, help="override every workload's steps (a smoke test)")
-    p.add_argument("--only", help="comma-separated configurations to run (the others' runs on disk are reused)")
+    p.add_argument("--only", help="comma-separated configurations to run, fixed ones included (the others' runs "
+                                  "on disk are reused; no path or timing runs: with one rate in --rates, fixed "
+                                  "configurations are trained and timed at that rate)")
     p.add_argument("--judge", default="gravac-delivered-exp-topk-eps0.7",
                    help="the GraVAC configuration the goals are judged for")
     args = p.parse_args(argv)
@@ -442,7 +449,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         for w in workloads:
             steps, every = WORKLOADS[w]["steps"], WORKLOADS[w]["eval_every"]
             for rate in rates:
-                if not only:   # (--only: just those configurations, at every rate they run at)
+                if only:   # just those configurations: fixed ones trained once, at the first rate
+                    for name in sorted(only):
+                        if CONFIGS[name][0] == "fixed" and rate == rates[0]:
+                            run(w, CONFIGS[name][1], rd(w, "full", name), rate, args.np, steps, every, args.timeout)
+                else:
                     # same-payload check and timing of the fixed configurations (short runs)
                     for name, flags in PATHS.items():
                         run(w, flags, rd(w, rate, f"__path__{name}"), rate, args.np, TIMING_STEPS, 10 ** 6,
@@ -455,9 +466,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         for name, (kind, flags) in CONFIGS.items():
                             if kind == "fixed":
                                 run(w, flags, rd(w, "full", name), rate, args.np, steps, every, args.timeout)
-                for name in adaptive_at(w, rate):
-                    if not only or name in only:
-                        run(w, CONFIGS[name][1], rd(w, rate, name), rate, args.np, steps, every, args.timeout)
+                for name in (adaptive_at(w, rate) if not only else
+                             sorted(n for n in only if CONFIGS[n][0] == "adaptive")):
+                    run(w, CONFIGS[name][1], rd(w, rate, name), rate, args.np, steps, every, args.timeout)
 
     rows, path_rows, shares, all_runs = [], [], {}, {}
     for w in workloads:
@@ -480,7 +491,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             runs = {}
             for name, (kind, _) in CONFIGS.items():
                 r = load_run(rd(w, "full", name) if kind == "fixed" else rd(w, rate, name))
-                if r is not None and (kind == "fixed" or name in adaptive_at(w, rate)):
+                if r is not None and (kind == "fixed" or name in adaptive_at(w, rate) or (only and name in only)):
                     runs[name] = r
             if runs:
                 all_runs[(w, rate)] = runs
@@ -493,7 +504,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     md = ["# Adaptivity benchmark", "",
           f"{args.np} ranks, emulated links {', '.join(rates)}; written by `python -m benchmarks.adaptivity`.",
           "TTA: training seconds to within 0.5 pp of dense's final accuracy (language model: 2 % of its "
-          "perplexity). Fixed configurations: one full run, timed per rate (see the module docstring).", ""]
+          "perplexity). " + ("Fixed configurations: one full run, timed per rate (see the module docstring)."
+                             if not only or len(rates) > 1 else
+                             f"Every configuration trained at {rates[0]} (`--only {','.join(sorted(only))}`: no "
+                             "same-payload or timing runs, so no communication share)."), ""]
     for w in workloads:
         for rate in rates:
             sel = [r for r in rows if r["workload"] == w and r["rate"] == rate]
