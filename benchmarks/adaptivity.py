@@ -109,6 +109,12 @@ CONFIGS["gravac-delivered-exp-dgc-eps0.7"] = ("adaptive", _gravac("delivered", "
 # is one doubling, not the Exponential ladder's 40 -> 160 jump, whose trial windows set the
 # 1D CNN's accuracy back.
 CONFIGS["gravac-delivered-geo-topk-eps0.7"] = ("adaptive", _gravac("delivered", "geometric", "topk", "0.7"))
+# With DGC's momentum correction (the velocity kept in the residual, SGD itself momentum-free):
+# a residual carried across a change of CF is then not amplified by the optimizer's momentum.
+CONFIGS["gravac-delivered-exp-topk-eps0.7-mc"] = ("adaptive", _gravac("delivered", "exponential", "topk", "0.7")
+                                                  + ["--momentum-correction"])
+CONFIGS["topk-cf10-mc"] = ("fixed", ["--controller", "static", "--compressor", "topk", "--cf", "10",
+                                     "--momentum-correction"])
 
 # What runs at which rate (the slow link is where compression matters; the fast one keeps
 # the comparison honest where it does not).
