@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import horovod_gravac.selection.kernels as kernels
 import horovod_gravac.selection.sidco as sidco
+from benchmarks.compressors import make_input
 from horovod_gravac.compressors import SIDCoCompressor
 
 
@@ -82,9 +83,7 @@ def _run(args, device, cuda, copies):
     print(f"{'entries':>10} {'distribution':<12}{'CF':>5}  {'ops dev':>8} {'ops host':>8} {'copies':>6}  "
           f"{'ms dev':>8} {'ms host':>8} {'dev/host':>8}  {'q dev':>5} {'q host':>6}")
     for numel in (int(x) for x in args.sizes.split(",")):
-        g = torch.Generator().manual_seed(0)
-        u = torch.rand(numel, generator=g, dtype=torch.float64) - 0.5
-        t = (-torch.sign(u) * torch.log1p(-2 * u.abs())).float().to(device)   # Laplace(0, 1)
+        t = make_input("laplace", numel, 0).to(device)
         for dist in ("exponential", "gpareto", "gamma"):
             for cf in (float(c) for c in args.cfs.split(",")):
                 res = {}

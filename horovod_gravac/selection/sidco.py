@@ -194,7 +194,7 @@ class SIDCoSelector(ThresholdSelector):
             return tuple(_to_host(moments).tolist())
 
         def gather(threshold, expected, final):
-            at = torch.tensor(max(threshold, float(TINY)), dtype=torch.float64)
+            at = torch.tensor(threshold, dtype=torch.float64)
             idx, mag = select_abs_at_least(flat, at, expected / n, not final)
             return (idx if final else (idx, mag)), (None if final else _to_host(mag))
 
@@ -202,7 +202,7 @@ class SIDCoSelector(ThresholdSelector):
             idx, mag = candidates
             if threshold is None:
                 return idx
-            keep = torch.nonzero(mag >= torch.tensor(max(threshold, float(TINY))).to(mag.dtype)).view(-1)
+            keep = torch.nonzero(mag >= torch.tensor(threshold, dtype=mag.dtype)).view(-1)
             return idx.index_select(0, keep)
 
         return self._staged_on_host(n, k, sample, pass_moments, gather, finish,
@@ -331,17 +331,16 @@ class SIDCoSelector(ThresholdSelector):
         sample = host_abs_sample(x, min(x.size, HOST_SAMPLE_MAX), self._host_generator())
 
         def gather(threshold, expected, final):
-            at = max(threshold, float(TINY))
             if final:
-                return native.select(x, at, False, int(k * 1.25) + 64, k), None
-            idx, val = native.select(x, at, False, int(expected * 1.5) + 64, expected)
+                return native.select(x, threshold, False, int(k * 1.25) + 64, k), None
+            idx, val = native.select(x, threshold, False, int(expected * 1.5) + 64, expected)
             return (idx, val), val
 
         def finish(candidates, threshold):
             idx, val = candidates
             if threshold is None:
                 return idx, val
-            keep, kept_val = native.select(val, max(threshold, float(TINY)), False, int(k * 1.25) + 64, k)
+            keep, kept_val = native.select(val, threshold, False, int(k * 1.25) + 64, k)
             return idx[keep], kept_val
 
         return self._staged_on_host(x.size, k, sample,
@@ -355,7 +354,8 @@ class SIDCoSelector(ThresholdSelector):
 
         * ``sample``: host magnitudes at stratified positions (every entry when it is whole);
         * ``pass_moments(t)``: exact ``(m, sum w, sum w^2)`` of the excesses over the tensor;
-        * ``gather(t, expected, final)``: the entries ``|x| >= t``, as ``(result, None)`` when
+        * ``gather(t, expected, final)``: the entries ``|x| >= t`` (``t`` at least ``TINY``: zeros
+          are never kept), as ``(result, None)`` when
           ``final`` (the selection itself), else ``(candidates, host values of them)``;
         * ``finish(candidates, t)``: the candidates ``>= t``, the selection (all of them for
           ``t=None``);
@@ -400,8 +400,8 @@ class SIDCoSelector(ThresholdSelector):
                 threshold = self._refine_host(sampled.count_at_least, k * s / n, threshold, *last,
                                               self._stage_dist(stage))
             self.last_stages = stage
-            return gather(threshold, k, True)[0]
-        gathered, values = gather(threshold, plan[stage - 1], False)
+            return gather(max(threshold, float(TINY)), k, True)[0]
+        gathered, values = gather(max(threshold, float(TINY)), plan[stage - 1], False)
         mcount = count(gathered)
         if mcount <= k:
             self.last_stages = stage
@@ -427,7 +427,7 @@ class SIDCoSelector(ThresholdSelector):
             threshold = self._refine_host(candidates.count_at_least, k, threshold, last_base, last_moments,
                                           last_density, self._stage_dist(stage))
         self.last_stages = stage
-        return finish(gathered, threshold)
+        return finish(gathered, max(threshold, float(TINY)))
 
     def _refine_host(self, count, k: float, threshold: float, base: float, moments,
                      density: float, dist: str) -> float:
