@@ -303,7 +303,9 @@ def goals(rows: List[dict], paths: List[dict], shares: Dict[Tuple[str, str], Opt
                         "pass": s is not None and s >= 1.5})
         acc = by.get((w, rate, "accordion-topk"))
         s = g["speedup_vs_accordion"]
-        if acc is not None and acc["tta_s"] is None:   # Accordion never reached the target
+        if acc is None:   # no Accordion run (--only without it): nothing to judge
+            pass
+        elif acc["tta_s"] is None:   # Accordion never reached the target
             out.append({"goal": "never slower than Accordion", "workload": w, "rate": rate,
                         "measured": f"Accordion never within tolerance (final {fmt(acc['final'])}); "
                                     f"GraVAC {'reached it' if g['tta_s'] else 'neither'}",
@@ -431,6 +433,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--only", help="comma-separated configurations to run, fixed ones included (the others' runs "
                                   "on disk are reused; no path or timing runs: with one rate in --rates, fixed "
                                   "configurations are trained and timed at that rate)")
+    p.add_argument("--paths", action="store_true",
+                   help="with --only: also the same-payload runs (Top-k 10x on the static, Accordion and GraVAC paths)")
     p.add_argument("--judge", default="gravac-delivered-exp-topk-eps0.7",
                    help="the GraVAC configuration the goals are judged for")
     args = p.parse_args(argv)
@@ -448,6 +452,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     def rd(*parts):
         return os.path.join(runs_dir, *parts)
 
+    def run_paths(w, rate):
+        for name, flags in PATHS.items():
+            run(w, flags, rd(w, rate, f"__path__{name}"), rate, args.np, TIMING_STEPS, 10 ** 6, args.timeout)
+
     only = set(args.only.split(",")) if args.only else None
     if only and not only <= set(CONFIGS):
         p.error(f"unknown configuration in --only: {sorted(only - set(CONFIGS))}")
@@ -456,14 +464,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             steps, every = WORKLOADS[w]["steps"], WORKLOADS[w]["eval_every"]
             for rate in rates:
                 if only:   # just those configurations: fixed ones trained once, at the first rate
+                    if args.paths:
+                        run_paths(w, rate)
                     for name in sorted(only):
                         if CONFIGS[name][0] == "fixed" and rate == rates[0]:
                             run(w, CONFIGS[name][1], rd(w, "full", name), rate, args.np, steps, every, args.timeout)
                 else:
                     # same-payload check and timing of the fixed configurations (short runs)
-                    for name, flags in PATHS.items():
-                        run(w, flags, rd(w, rate, f"__path__{name}"), rate, args.np, TIMING_STEPS, 10 ** 6,
-                            args.timeout)
+                    run_paths(w, rate)
                     for name in TIMED_CFS:
                         if name != "topk-cf10" and rate != rates[0]:
                             run(w, CONFIGS[name][1], rd(w, rate, f"__timing__{name}"), rate, args.np,
@@ -512,8 +520,9 @@ def main(argv: Optional[List[str]] = None) -> int:
           "TTA: training seconds to within 0.5 pp of dense's final accuracy (language model: 2 % of its "
           "perplexity). " + ("Fixed configurations: one full run, timed per rate (see the module docstring)."
                              if not only or len(rates) > 1 else
-                             f"Every configuration trained at {rates[0]} (`--only {','.join(sorted(only))}`: no "
-                             "same-payload or timing runs, so no communication share)."), ""]
+                             f"Every configuration trained at {rates[0]} (`--only {','.join(sorted(only))}"
+                             + (" --paths`)." if args.paths else
+                                "`: no same-payload or timing runs, so no communication share).")), ""]
     for w in workloads:
         for rate in rates:
             sel = [r for r in rows if r["workload"] == w and r["rate"] == rate]

@@ -82,3 +82,11 @@ def test_training_time_is_the_step_period_without_evaluations():
     assert curve(run_)[-1] == pytest.approx(1.1)
     steps[3].pop("step_time")   # a record without a period falls back to its iteration time
     assert step_periods(run_)[3] == 0.1
+
+
+def test_goals_do_not_judge_accordion_without_an_accordion_run():
+    rows = [{"workload": "w", "rate": "r", "config": "g", "tta_s": 5.0, "speedup_vs_topk10": 1.6,
+             "speedup_vs_accordion": None, "vs_best_static": 0.95, "best_static": "topk-cf100"}]
+    goals = [c["goal"] for c in A.goals(rows, [], {("w", "r"): 0.6}, "g")]
+    assert "never slower than Accordion" not in goals
+    assert "within 10 % of the best static CF in hindsight" in goals
