@@ -14,7 +14,8 @@
 # package index, install its wheel first; pip fetches it where there is one).
 #
 # Measured on an NVIDIA H200 (CUDA 13.0, gcc 13, CMake 4.4, torch 2.11.0+cu130, Python 3.12):
-# about two minutes on 16 cores (107 and 113 s in two builds, timed around it).  Stock Horovod 0.28.1 fails there in four places, each fixed here:
+# about two minutes on 16 cores (107 and 113 s in two builds, timed around it).  Stock
+# Horovod 0.28.1 fails there in four places, each fixed here:
 #   - CMake 4 refuses Gloo's cmake_minimum_required(< 3.5): CMAKE_POLICY_VERSION_MINIMUM=3.5;
 #   - torch >= 2.1 headers need C++17 and Horovod passes -std=c++11/14: a compiler wrapper
 #     rewrites them (as scripts/setup.sh does), and its CUDA kernels' CMAKE_CUDA_STANDARD 11
