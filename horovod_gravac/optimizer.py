@@ -347,17 +347,18 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return hook
 
     def _begin_step(self) -> None:
-        """First hook (or ``synchronize``) of a step: collect the decision, take rank 0's
-        state once, and count which hooks this step's buckets wait for."""
+        """First hook (or ``synchronize``) of a step: take rank 0's state once, and count
+        which hooks this step's buckets wait for.  (The previous step's decision is
+        collected later, by the first bucket to launch.)"""
         self._record.open = True
         if self._step_start is None:
             self._step_start = time.perf_counter()
         if self._join_safe and self._exchange is not None:
             self._step_index = self._exchange.begin_step(self._step_index, self.world_size)
-        elif self._exchange is not None:
-            self._exchange.finish()   # the previous step's broadcast decides this step
         if not self._state_synced:
             self._state_synced = True
+            if self._exchange is not None and not self._join_safe:
+                self._exchange.finish()   # (nothing is pending before the first step)
             self._step_index = sync_first_step(self._exchange, self._controller, self._step_index,
                                                f"{self._prefix}.state", self._link, self._join_safe,
                                                self._shared_seed)
@@ -387,9 +388,13 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         """Encode the bucket's gradient (``encoder.py``) and start its collective, unless
         it carries the step's statistics: those are complete only once every bucket is
         encoded, so the last bucket to launch starts the carrier's."""
-        t0 = time.perf_counter()
         if not self._record.open:
             self._begin_step()
+        if self._exchange is not None and not self._join_safe:
+            # The previous step's broadcast decides this step.  Waited for here, at the first
+            # bucket that needs the decision, so backward up to this bucket hides its latency.
+            self._exchange.finish()
+        t0 = time.perf_counter()
         record = self._record
         # The carrier can change mid-step (a gradient turned out sparse): decided here.
         with_stats = bucket is self._carrier and self._controller.needs_consensus
