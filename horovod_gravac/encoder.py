@@ -169,6 +169,14 @@ class BucketEncoder:
         for s, e, saved in bucket.parked:
             buf[s:e].copy_(saved)
 
+    def open_window(self, bucket) -> None:
+        """A new window's G starts at this rank's residual (unscaled, just committed): what
+        the window owes is its gradients plus what error feedback still holds, so a window
+        that delivers an earlier CF's backlog is credited for it (GraVAC "delivered")."""
+        residual = self.memory.residuals.get(bucket.index)
+        if residual is not None:
+            self.interval.seed(bucket.index, residual)
+
     def local_stats(self, record: StepRecord, buckets, scale: float) -> StepStats:
         """This rank's statistics of the step, sent with the carrier bucket: squared norms
         of g_ef, g_min and g_c, of the raw gradient, at an accumulation interval's end

@@ -182,9 +182,10 @@ class ErrorFeedback:
 
 class IntervalSum:
     """Running sums over the current accumulation interval, one fp32 buffer per bucket:
-    ``sums`` of the raw (unscaled) gradients G (Accordion, and GraVAC's "delivered"
-    variant) and, when asked, ``sent`` of what this rank sent D (the compressed error-fed
-    gradient; "delivered").  Read, and restarted, at the interval's end."""
+    ``sums`` of the raw (unscaled) gradients G (Accordion; GraVAC's "delivered" variant
+    starts G at the residual, see ``seed``) and, when asked, ``sent`` of what this rank
+    sent D (the compressed error-fed gradient; "delivered").  Read, and restarted, at the
+    interval's end."""
 
     def __init__(self):
         self.sums: Dict[int, torch.Tensor] = {}
@@ -210,6 +211,10 @@ class IntervalSum:
         for g, (s, e) in zip(grads, offsets):
             if g is not None:
                 acc[s:e].add_(g.reshape(-1), alpha=1.0 / scale)
+
+    def seed(self, key: int, owed: torch.Tensor) -> None:
+        """G = ``owed`` at the start of an interval (its sums were just reset)."""
+        self._buffer(self.sums, "sums", key, owed.numel(), owed.device, backup=False).copy_(owed)
 
     def add_sent(self, key: int, numel: int, device, scale: float, backup: bool,
                  dense: Optional[torch.Tensor] = None, values=None, indices=None) -> None:

@@ -436,8 +436,11 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         # With a loss scaler, a step that is non-finite anywhere is skipped by every rank:
         # leave every piece of state as if it had not happened.
         skipped = self._grad_scaler is not None and not all(finite_tensor(a) for a in aggregates)
+        owed = self._record.at_boundary and self._controller.tracks_delivery and not skipped
         for bucket in self._buckets:
             self._encoder.commit_residual(bucket, self._scale, rollback=skipped)
+            if owed:   # GraVAC "delivered": the next window starts owing the residual
+                self._encoder.open_window(bucket)
             bucket.reset()
         comm_time = time.perf_counter() - t_comm
         self._reset_delays()

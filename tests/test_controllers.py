@@ -416,12 +416,13 @@ def test_delivered_steps_down_then_dense_then_back():
     assert ctrl.theta_min == 40 and [h["move"] for h in ctrl.history] == ["try", "up", "up", "back"]
     state["gains"] = {**{cf: 0.5 for cf in DELIVERED_GAINS}, DENSE: 1.0}   # a critical phase: nothing passes
     sent = drive_delivered(ctrl, 90, lambda cf: state["gains"][cf], comm_bound)
-    # The first window after a change of CF only re-measures ("settle": it flushes the other
-    # CF's residual); a second failing window steps down a rung, dense below the lowest;
-    # 10x is tried again after 2 windows (and fails again).
-    assert [min(s) for s in windows_of(sent, 10)] == [40, 40, 20, 20, 10, 10, DENSE, DENSE, 10]
-    assert [h["move"] for h in ctrl.history][4:] == ["settle", "down", "settle", "down", "settle", "dense",
-                                                     "stay", "stay", "settle"]
+    # Each failing window steps down a rung (the window gain counts the residual a change of
+    # CF leaves as owed, so the first window after a change is judged like any other), dense
+    # below the lowest; 10x is tried again after 2 windows, fails again, and then waits 4.
+    assert [min(s) for s in windows_of(sent, 10)] == [40, 20, 10, DENSE, DENSE, 10, DENSE, DENSE, DENSE]
+    assert [h["move"] for h in ctrl.history][4:] == ["down", "down", "dense", "stay", "stay", "dense",
+                                                     "stay", "stay", "stay"]
+    assert ctrl._failures == {160: 1, 40: 1, 20: 1, 10: 2}
     state["gains"] = {**DELIVERED_GAINS, DENSE: 1.0}
     drive_delivered(ctrl, 150, lambda cf: state["gains"][cf], comm_bound)
     assert ctrl.theta_min == 40

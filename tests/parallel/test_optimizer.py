@@ -356,9 +356,10 @@ def _bucket_flat(opt, tensors_by_param):
 
 def test_delivered_window_gain_is_cos2_of_the_window_sums():
     """GraVAC "delivered": at each window's end the controller's gain for the CF sent in the
-    window is cos^2(D, G) of the rank-averaged window sums, where G sums this rank's raw
-    gradients and D what it sent, D = G + r_start - r_end (error feedback), computed here
-    independently from the gradients and residuals; every rank holds the same controller."""
+    window is cos^2(D, G) of the rank-averaged window sums, where G is what this rank owed
+    (its residual at the window's start plus its raw gradients) and D what it sent,
+    D = G - r_end (error feedback), computed here independently from the gradients and
+    residuals; every rank holds the same controller."""
     window = 4
     model = make_model(seed=3)
     ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=window, variant="delivered")
@@ -369,10 +370,10 @@ def test_delivered_window_gain_is_cos2_of_the_window_sums():
         return torch.cat([opt._memory.residuals[b.index].clone() if b.index in opt._memory.residuals
                           else torch.zeros(b.numel) for b in opt._buckets])
 
-    G, r_start, checked = None, None, []
+    G, checked = None, []
     for step in range(3 * window):
         if step % window == 0:
-            r_start, G = residual(), torch.zeros(sum(b.numel for b in opt._buckets))
+            G = residual()   # owed at the window's start
         x, y = batch(step)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -380,7 +381,7 @@ def test_delivered_window_gain_is_cos2_of_the_window_sums():
         sent_cf = ctrl.decision.send_cf
         opt.step()
         if (step + 1) % window == 0:
-            D = G + r_start - residual()
+            D = G - residual()
             local = torch.tensor([float(G.double() @ G.double()), float(D.double() @ G.double()),
                                   float(D.double() @ D.double())], dtype=torch.float64)
             g_sq, dot, d_sq = hvd.allreduce(local, op=hvd.Average, name=f"check.window.{step}").tolist()
@@ -389,6 +390,7 @@ def test_delivered_window_gain_is_cos2_of_the_window_sums():
             assert ctrl.history[-1]["window_gain"] == ctrl.delivered_gain[sent_cf]
             checked.append((sent_cf, expected))
     assert len(checked) == 3 and all(0.0 < g <= 1.0 for _, g in checked), checked
+    assert float(residual().abs().max()) > 0   # (the owed residual is not trivially zero)
     assert len({cf for cf, _ in checked}) >= 2, checked   # it moved: 2 passes epsilon 0.3, then 4 is tried
     states = hvd.allgather_object(ctrl.state_dict(), name="check.delivered.state")
     assert all(s == states[0] for s in states), "controllers differ across ranks"
