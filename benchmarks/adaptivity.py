@@ -430,6 +430,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--steps", type=int, help="override every workload's steps (a smoke test)")
+    p.add_argument("--window", type=int, help="override every workload's GraVAC window and Accordion interval")
     p.add_argument("--only", help="comma-separated configurations to run, fixed ones included (the others' runs "
                                   "on disk are reused; no path or timing runs: with one rate in --rates, fixed "
                                   "configurations are trained and timed at that rate)")
@@ -446,6 +447,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.steps:
         for w in WORKLOADS.values():
             w["steps"], w["eval_every"], w["window"] = args.steps, max(1, args.steps // 4), max(1, args.steps // 8)
+    if args.window is not None:
+        if args.window < 1:
+            p.error("--window must be >= 1")
+        for w in WORKLOADS.values():
+            w["window"] = args.window
     os.makedirs(args.out, exist_ok=True)
     runs_dir = os.path.join(args.out, "runs")
 

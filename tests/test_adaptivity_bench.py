@@ -90,3 +90,14 @@ def test_goals_do_not_judge_accordion_without_an_accordion_run():
     goals = [c["goal"] for c in A.goals(rows, [], {("w", "r"): 0.6}, "g")]
     assert "never slower than Accordion" not in goals
     assert "within 10 % of the best static CF in hindsight" in goals
+
+
+def test_window_flag_sets_every_workloads_window_and_accordion_interval(monkeypatch, tmp_path):
+    import copy
+    monkeypatch.setattr(A, "WORKLOADS", copy.deepcopy(A.WORKLOADS))
+    assert A.main(["--report-only", "--out", str(tmp_path), "--window", "7"]) == 0
+    for w in A.WORKLOADS:
+        cmd = A.train_command(w, A.CONFIGS["gravac-delivered-exp-topk-eps0.7"][1], "/tmp/x", 10, 5)
+        assert cmd[cmd.index("--window") + 1] == "7" and cmd[cmd.index("--accordion-interval") + 1] == "7"
+    with pytest.raises(SystemExit):
+        A.main(["--report-only", "--out", str(tmp_path), "--window", "0"])
