@@ -357,8 +357,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             self._step_index = self._exchange.begin_step(self._step_index, self.world_size)
         if not self._state_synced:
             self._state_synced = True
-            if self._exchange is not None and not self._join_safe:
-                self._exchange.finish()   # (nothing is pending before the first step)
             self._step_index = sync_first_step(self._exchange, self._controller, self._step_index,
                                                f"{self._prefix}.state", self._link, self._join_safe,
                                                self._shared_seed)
@@ -390,9 +388,10 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         encoded, so the last bucket to launch starts the carrier's."""
         if not self._record.open:
             self._begin_step()
-        if self._exchange is not None and not self._join_safe:
+        if self._exchange is not None:
             # The previous step's broadcast decides this step.  Waited for here, at the first
-            # bucket that needs the decision, so backward up to this bucket hides its latency.
+            # bucket that needs the decision, so backward up to this bucket hides its latency
+            # (a no-op in join_safe mode: its exchange ran in _begin_step).
             self._exchange.finish()
         t0 = time.perf_counter()
         record = self._record
