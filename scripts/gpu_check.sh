@@ -117,14 +117,14 @@ fi
 if [ "${GPU_CHECK_SWEEP:-1}" = 0 ]; then
   note "SKIP  compressor benchmark: GPU_CHECK_SWEEP=0"
 else
-step "compressor benchmark: python -m benchmarks.compressors --sweep-only --device cuda" "$RESULTS/compressors_sweep_cuda.log" \
-  "$PYTHON" -m benchmarks.compressors --sweep-only --device cuda --out "$RESULTS/compressors_sweep_cuda"
-# SIDCo's two places to fit, side by side (device_fits="host", the default, against "device").
-step "SIDCo fits on the host against on the device: python -m benchmarks.sidco_device_fits --device cuda" \
-  "$RESULTS/sidco_device_fits_cuda.txt" "$PYTHON" -m benchmarks.sidco_device_fits --device cuda
-# The operations behind the totals (Top-k ran 7 operations in 1.2-1.9 ms on an H200).
-step "profile of compress: python -m benchmarks.compressor_profile --device cuda" \
-  "$RESULTS/compressor_profile_cuda.txt" "$PYTHON" -m benchmarks.compressor_profile --device cuda
+  step "compressor benchmark: python -m benchmarks.compressors --sweep-only --device cuda" "$RESULTS/compressors_sweep_cuda.log" \
+    "$PYTHON" -m benchmarks.compressors --sweep-only --device cuda --out "$RESULTS/compressors_sweep_cuda"
+  # SIDCo's two places to fit, side by side (device_fits="host", the default, against "device").
+  step "SIDCo fits on the host against on the device: python -m benchmarks.sidco_device_fits --device cuda" \
+    "$RESULTS/sidco_device_fits_cuda.txt" "$PYTHON" -m benchmarks.sidco_device_fits --device cuda
+  # The operations behind the totals (Top-k ran 7 operations in 1.2-1.9 ms on an H200).
+  step "profile of compress: python -m benchmarks.compressor_profile --device cuda" \
+    "$RESULTS/compressor_profile_cuda.txt" "$PYTHON" -m benchmarks.compressor_profile --device cuda
 fi
 
 echo
