@@ -39,8 +39,9 @@ model, within ``--tolerance-ppl`` (2 %) of dense's final perplexity.
 
 Outputs under ``--out`` (default ``benchmarks/results/adaptivity/``): ``results.csv``,
 ``results.md`` (tables and the goals, PASS/FAIL as measured), ``paths.csv`` (the same-payload
-check), ``cf_per_step.png``, ``gain_per_cf.png``, ``throughput_table.png`` and
-``accuracy_vs_time.png``.  Run directories go to ``<out>/runs/`` (not committed).
+check), ``windows.csv`` (every GraVAC window check: CF, move, gains), ``cf_per_step.png``,
+``gain_per_cf.png`` (the gain each check was judged on), ``throughput_table.png`` (the judged
+configuration's) and ``accuracy_vs_time.png``.  Run directories go to ``<out>/runs/`` (not committed).
 """
 from __future__ import annotations
 
@@ -319,7 +320,18 @@ def goals(rows: List[dict], paths: List[dict], shares: Dict[Tuple[str, str], Opt
     return out
 
 
-def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], out: str) -> List[str]:
+def window_checks(all_runs: Dict[Tuple[str, str], Dict[str, dict]]) -> List[dict]:
+    """Every window check of every GraVAC run (``controller_history``): the CF sent or
+    evaluated, the move, and the gains it was judged on ("delivered": ``window_gain``)."""
+    keys = ("step", "evaluated_cf", "theta_min", "next_candidate_cf", "move", "window_gain",
+            "gain_min", "gain_candidate")
+    return [{"workload": w, "rate": rate, "config": name, **{k: h.get(k) for k in keys}}
+            for (w, rate), runs in sorted(all_runs.items()) for name, r in sorted(runs.items())
+            for h in (r["summary"].get("controller_history") or []) if "evaluated_cf" in h]
+
+
+def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], out: str,
+          judge: str) -> List[str]:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -357,7 +369,10 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
     for (ax_g, ax_t), key in zip(axes, keys):
         for name in adaptive(all_runs[key]):
             hist = all_runs[key][name]["summary"].get("controller_history") or []
-            pts = [(h["step"], h["evaluated_cf"], h["gain_candidate"]) for h in hist if h.get("gain_candidate") is not None]
+            # the gain each check was judged on: the window's ("delivered"), else the candidate's
+            pts = [(h["step"], h["evaluated_cf"], h["window_gain"] if h.get("window_gain") is not None
+                    else h["gain_candidate"]) for h in hist
+                   if h.get("window_gain") is not None or h.get("gain_candidate") is not None]
             if pts:
                 ax_g.scatter([p[1] for p in pts], [p[2] for p in pts], s=8, label=name, color=color[name])
             for h in hist[-1:]:
@@ -377,18 +392,18 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
 
     fig, axes = plt.subplots(len(keys), 1, figsize=(11, 2.6 * len(keys)), squeeze=False)
     for ax, key in zip(axes[:, 0], keys):
-        for name in adaptive(all_runs[key]):
-            hist = all_runs[key][name]["summary"].get("controller_history") or []
-            cfs = sorted({float(c) for h in hist for c in (h.get("compression_throughput") or {})})
-            for cf in cfs:
-                pts = [(h["step"], v) for h in hist for c, v in (h.get("compression_throughput") or {}).items()
-                       if float(c) == cf]
-                if pts and name.startswith("gravac-ladder-exp-topk-eps0.7"):
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=2, lw=1, label=f"CF {cf:g}")
+        # the judged configuration's table, else the first GraVAC run's
+        name = judge if judge in all_runs[key] else next(iter(adaptive(all_runs[key])), None)
+        hist = (all_runs[key][name]["summary"].get("controller_history") or []) if name else []
+        cfs = sorted({float(c) for h in hist for c in (h.get("compression_throughput") or {})})
+        for cf in cfs:
+            pts = [(h["step"], v) for h in hist for c, v in (h.get("compression_throughput") or {}).items()
+                   if float(c) == cf]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=2, lw=1, label=f"CF {cf:g}")
         ax.set_ylabel("T_compress")
-        ax.set_title(f"{key[0]} at {key[1]}: throughput table over time (GraVAC ladder, exp, Top-k, eps 0.7)",
-                     fontsize=9)
-        ax.legend(fontsize=6, ncol=4)
+        ax.set_title(f"{key[0]} at {key[1]}: throughput table over time ({name})", fontsize=9)
+        if cfs:
+            ax.legend(fontsize=6, ncol=4)
     axes[-1, 0].set_xlabel("step (window check)")
     save(fig, "throughput_table.png")
 
@@ -419,6 +434,21 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
 
 
 # --------------------------------------------------------------------------- main
+def provenance(only: Optional[set], rates: Sequence[str], paths: bool) -> str:
+    """How the report's runs were made, for its header."""
+    if not only:
+        return "Fixed configurations: one full run, timed per rate (see the module docstring)."
+    flags = f"--only {','.join(sorted(only))}" + (" --paths" if paths else "")
+    if len(rates) == 1:
+        text = f"Every configuration trained at {rates[0]} (`{flags}`)."
+    else:   # --only trains fixed configurations at the first rate and runs no timing runs
+        text = (f"Fixed configurations trained once, at {rates[0]}, and timed at the other rates by the "
+                f"timing runs on disk, if any (`{flags}`).")
+    if not paths:
+        text += " Same-payload runs and communication shares: those on disk, if any."
+    return text
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -524,11 +554,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     md = ["# Adaptivity benchmark", "",
           f"{args.np} ranks, emulated links {', '.join(rates)}; written by `python -m benchmarks.adaptivity`.",
           "TTA: training seconds to within 0.5 pp of dense's final accuracy (language model: 2 % of its "
-          "perplexity). " + ("Fixed configurations: one full run, timed per rate (see the module docstring)."
-                             if not only or len(rates) > 1 else
-                             f"Every configuration trained at {rates[0]} (`--only {','.join(sorted(only))}"
-                             + (" --paths`)." if args.paths else
-                                "`: no same-payload or timing runs, so no communication share).")), ""]
+          "perplexity). " + provenance(only, rates, args.paths), ""]
     for w in workloads:
         for rate in rates:
             sel = [r for r in rows if r["workload"] == w and r["rate"] == rate]
@@ -557,7 +583,8 @@ def main(argv: Optional[List[str]] = None) -> int:
            md_table(["goal", "workload", "rate", "measured", "result"],
                     [[c["goal"], c["workload"], c["rate"], c["measured"], "PASS" if c["pass"] else "FAIL"]
                      for c in checks]), ""]
-    made = plots(all_runs, rows, args.out) if all_runs else []
+    write_csv(window_checks(all_runs), os.path.join(args.out, "windows.csv"))
+    made = plots(all_runs, rows, args.out, args.judge) if all_runs else []
     md += [f"![{os.path.basename(m)}]({os.path.basename(m)})" for m in made]
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("\n".join(md) + "\n")

@@ -101,3 +101,24 @@ def test_window_flag_sets_every_workloads_window_and_accordion_interval(monkeypa
         assert cmd[cmd.index("--window") + 1] == "7" and cmd[cmd.index("--accordion-interval") + 1] == "7"
     with pytest.raises(SystemExit):
         A.main(["--report-only", "--out", str(tmp_path), "--window", "0"])
+
+
+def test_report_header_says_how_the_runs_were_made():
+    assert A.provenance(None, ["1gbit", "100mbit"], False).startswith("Fixed configurations: one full run")
+    assert A.provenance({"b", "a"}, ["100mbit"], True) == "Every configuration trained at 100mbit (`--only a,b --paths`)."
+    two = A.provenance({"a"}, ["100mbit", "1gbit"], False)
+    assert "trained once, at 100mbit" in two and "timing runs on disk" in two and "Same-payload runs" in two
+
+
+def test_window_checks_list_every_gravac_check_with_the_gain_it_was_judged_on():
+    hist = [{"step": 20, "evaluated_cf": 10.0, "theta_min": 10.0, "next_candidate_cf": 20.0, "move": "try",
+             "window_gain": 0.97, "gain_min": 0.7, "gain_candidate": 0.6, "compression_throughput": {"10.0": 5.0}}]
+    accordion = [{"step": 20, "norm": 1.0, "critical": True, "cf": 10.0}]
+    runs = {("cnn1d-digits", "100mbit"): {
+        "gravac-delivered-exp-topk-eps0.7": {"summary": {"controller_history": hist}},
+        "accordion-topk": {"summary": {"controller_history": accordion}},
+        "topk-cf10": {"summary": {}}}}
+    rows = A.window_checks(runs)
+    assert len(rows) == 1   # Accordion's interval checks and a static run have no window checks
+    assert rows[0]["config"] == "gravac-delivered-exp-topk-eps0.7" and rows[0]["window_gain"] == 0.97
+    assert rows[0]["move"] == "try" and rows[0]["evaluated_cf"] == 10.0 and "compression_throughput" not in rows[0]
