@@ -155,21 +155,23 @@ def log(msg: str) -> None:
 
 
 # --------------------------------------------------------------------------- running
-def train_command(workload: str, flags: Sequence[str], run_dir: str, steps: int, eval_every: int) -> List[str]:
+def train_command(workload: str, flags: Sequence[str], run_dir: str, steps: int, eval_every: int,
+                  seed: Optional[int] = None) -> List[str]:
+    """One rank's command line (``seed``: model init and data order; None: the harness's 42)."""
     w = WORKLOADS[workload]
     return [sys.executable, "-m", "horovod_gravac.harness.train", *w["flags"], *flags,
             "--window", str(w["window"]), "--accordion-interval", str(w["window"]),
             "--steps", str(steps), "--eval-every", str(eval_every), "--threads", "1",
-            "--log-every", str(10 ** 6), "--out", run_dir]
+            "--log-every", str(10 ** 6), "--out", run_dir, *(["--seed", str(seed)] if seed is not None else [])]
 
 
 def run(workload: str, flags: Sequence[str], run_dir: str, rate: str, np_: int, steps: int,
-        eval_every: int, timeout: float) -> bool:
+        eval_every: int, timeout: float, seed: Optional[int] = None) -> bool:
     if runlog.is_finished(run_dir):
         return True   # done in an earlier invocation
     os.makedirs(run_dir, exist_ok=True)
     t0 = time.time()
-    results = run_ranks(train_command(workload, flags, run_dir, steps, eval_every), np=np_, rate=rate,
+    results = run_ranks(train_command(workload, flags, run_dir, steps, eval_every, seed), np=np_, rate=rate,
                         timeout=timeout, check=False, log_dir=run_dir)
     ok = all(r.returncode == 0 for r in results) and runlog.is_finished(run_dir)
     log(f"{workload} {rate} {os.path.basename(run_dir)}: {'ok' if ok else 'FAILED'} in {time.time() - t0:.0f}s "
@@ -434,10 +436,11 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
 
 
 # --------------------------------------------------------------------------- main
-def provenance(only: Optional[set], rates: Sequence[str], paths: bool) -> str:
+def provenance(only: Optional[set], rates: Sequence[str], paths: bool, seed: Optional[int] = None) -> str:
     """How the report's runs were made, for its header."""
+    seeded = f" Seed {seed}." if seed is not None else ""
     if not only:
-        return "Fixed configurations: one full run, timed per rate (see the module docstring)."
+        return "Fixed configurations: one full run, timed per rate (see the module docstring)." + seeded
     flags = f"--only {','.join(sorted(only))}" + (" --paths" if paths else "")
     if len(rates) == 1:
         text = f"Every configuration trained at {rates[0]} (`{flags}`)."
@@ -446,7 +449,7 @@ def provenance(only: Optional[set], rates: Sequence[str], paths: bool) -> str:
                 f"timing runs on disk, if any (`{flags}`).")
     if not paths:
         text += " Same-payload runs and communication shares: those on disk, if any."
-    return text
+    return text + seeded
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -466,6 +469,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                   "configurations are trained and timed at that rate)")
     p.add_argument("--paths", action="store_true",
                    help="with --only: also the same-payload runs (Top-k 10x on the static, Accordion and GraVAC paths)")
+    p.add_argument("--seed", type=int, help="every run's seed (model init, data order; the harness's default: 42); "
+                                            "use a separate --out per seed")
     p.add_argument("--judge", default="gravac-delivered-exp-topk-eps0.7",
                    help="the GraVAC configuration the goals are judged for")
     args = p.parse_args(argv)
@@ -490,7 +495,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     def run_paths(w, rate):
         for name, flags in PATHS.items():
-            run(w, flags, rd(w, rate, f"__path__{name}"), rate, args.np, TIMING_STEPS, 10 ** 6, args.timeout)
+            run(w, flags, rd(w, rate, f"__path__{name}"), rate, args.np, TIMING_STEPS, 10 ** 6, args.timeout, args.seed)
 
     only = set(args.only.split(",")) if args.only else None
     if only and not only <= set(CONFIGS):
@@ -504,21 +509,22 @@ def main(argv: Optional[List[str]] = None) -> int:
                         run_paths(w, rate)
                     for name in sorted(only):
                         if CONFIGS[name][0] == "fixed" and rate == rates[0]:
-                            run(w, CONFIGS[name][1], rd(w, "full", name), rate, args.np, steps, every, args.timeout)
+                            run(w, CONFIGS[name][1], rd(w, "full", name), rate, args.np, steps, every,
+                                args.timeout, args.seed)
                 else:
                     # same-payload check and timing of the fixed configurations (short runs)
                     run_paths(w, rate)
                     for name in TIMED_CFS:
                         if name != "topk-cf10" and rate != rates[0]:
                             run(w, CONFIGS[name][1], rd(w, rate, f"__timing__{name}"), rate, args.np,
-                                TIMING_STEPS, 10 ** 6, args.timeout)
+                                TIMING_STEPS, 10 ** 6, args.timeout, args.seed)
                     if rate == rates[0]:
                         for name, (kind, flags) in CONFIGS.items():
                             if kind == "fixed":
-                                run(w, flags, rd(w, "full", name), rate, args.np, steps, every, args.timeout)
+                                run(w, flags, rd(w, "full", name), rate, args.np, steps, every, args.timeout, args.seed)
                 for name in (adaptive_at(w, rate) if not only else
                              sorted(n for n in only if CONFIGS[n][0] == "adaptive")):
-                    run(w, CONFIGS[name][1], rd(w, rate, name), rate, args.np, steps, every, args.timeout)
+                    run(w, CONFIGS[name][1], rd(w, rate, name), rate, args.np, steps, every, args.timeout, args.seed)
 
     rows, path_rows, shares, all_runs = [], [], {}, {}
     for w in workloads:
@@ -554,7 +560,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     md = ["# Adaptivity benchmark", "",
           f"{args.np} ranks, emulated links {', '.join(rates)}; written by `python -m benchmarks.adaptivity`.",
           "TTA: training seconds to within 0.5 pp of dense's final accuracy (language model: 2 % of its "
-          "perplexity). " + provenance(only, rates, args.paths), ""]
+          "perplexity). " + provenance(only, rates, args.paths, args.seed), ""]
     for w in workloads:
         for rate in rates:
             sel = [r for r in rows if r["workload"] == w and r["rate"] == rate]

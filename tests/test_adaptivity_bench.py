@@ -72,6 +72,16 @@ def test_every_configuration_is_a_valid_training_command():
             assert args.steps == 10, name
 
 
+def test_seed_reaches_every_training_command_and_the_report_header():
+    from horovod_gravac.harness.train import build_parser
+    flags = A.CONFIGS["gravac-delivered-exp-topk-eps0.7"][1]
+    cmd = A.train_command("cnn1d-digits", flags, "/tmp/x", 10, 5, seed=7)
+    assert build_parser().parse_args(cmd[cmd.index("horovod_gravac.harness.train") + 1:]).seed == 7
+    assert "--seed" not in A.train_command("cnn1d-digits", flags, "/tmp/x", 10, 5)   # the harness's own 42
+    assert A.provenance({"a"}, ["100mbit"], False, seed=7).endswith(" Seed 7.")
+    assert "Seed" not in A.provenance({"a"}, ["100mbit"], False)
+
+
 def test_training_time_is_the_step_period_without_evaluations():
     # The period counts the wait for the decision broadcast (iter_time of old runs did not);
     # the first step and the step after an evaluation take their iteration time instead.
