@@ -13,6 +13,9 @@ shared machine cancels), and, as a cross-check, the ratio of the two medians.  G
                ride in the last bucket's collective; rank 0's decision is broadcast);
   exploring  - theta_min = CF/10, candidate = CF (multi-level: compress at CF/10, then
                further), sending the candidate: the cost while it is still searching.
+  settled-local - settled, with the decision broadcast replaced by each rank observing
+               its own step locally (``--no-broadcast-row``; a diagnostic only, safe here
+               because the pinned decision never changes): the broadcast's share of the cost.
 Target: GraVAC <= 1.15x static at the same CF, checked on the settled state
 (same CF sent and compressed).  While exploring, GraVAC must compress the whole gradient
 at theta_min = CF/10 (Algorithm 1, line 6) before reaching CF by multi-level compression;
@@ -54,6 +57,28 @@ class PinnedGraVAC(hg.GraVAC):
         return self.decision
 
 
+class LocalExchange:
+    """Diagnostic stand-in for the decision broadcast: every rank observes its own step and
+    nothing is sent.  Only for a pinned controller, whose decision cannot differ by rank."""
+
+    def __init__(self, controller):
+        self.controller = controller
+
+    def start(self, step_stats, step_time, world, at_boundary, observe, stats):
+        from horovod_gravac.consensus import observation
+        if observe:
+            self.controller.observe(observation(step_stats, step_time, world, at_boundary))
+
+    def finish(self):
+        pass
+
+    def drop(self):
+        pass
+
+    def sync_state(self, step_index, name):
+        return step_index   # every rank starts from the same freshly built controller
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--width", type=int, default=1024, help="hidden width (params ~ 2*width^2)")
@@ -61,6 +86,8 @@ def main():
     ap.add_argument("--steps", type=int, default=4, help="timed steps per round (short rounds: drift hits all alike)")
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--compressor", default="topk", choices=["topk", "randomk"])
+    ap.add_argument("--no-broadcast-row", action="store_true",
+                    help="also time the settled state without the decision broadcast (diagnostic)")
     args = ap.parse_args()
     hvd.init()
     torch.set_num_threads(1)
@@ -73,6 +100,8 @@ def main():
     for cf in args.cfs:
         configs.append((cf, "static", lambda cf=cf: hg.StaticCF(cf)))
         configs.append((cf, "gravac-settled", lambda cf=cf: PinnedGraVAC(cf, cf)))
+        if args.no_broadcast_row:
+            configs.append((cf, "settled-local", lambda cf=cf: PinnedGraVAC(cf, cf)))
         if cf / 10 >= 1:
             configs.append((cf, "gravac-exploring", lambda cf=cf: PinnedGraVAC(cf / 10, cf)))
     runners = []
@@ -81,6 +110,8 @@ def main():
         opt = hg.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                       named_parameters=model.named_parameters(), compressor=comp,
                                       controller=make())
+        if name == "settled-local":
+            opt._exchange = LocalExchange(opt._controller)
         runners.append((cf, name, model, opt, []))
     g = torch.Generator().manual_seed(hvd.rank())
     x, y = torch.randn(64, 256, generator=g), torch.randint(0, 10, (64,), generator=g)
@@ -116,7 +147,9 @@ def main():
                 continue
             ratio = statistics.median(g / s for g, s in zip(blocks[id(opt)], static_blocks[cf]))
             of_medians = f"{med / static[cf]:.2f}x"
-            if name == "gravac-settled":
+            if name == "settled-local":
+                print(f"{cf:>6g} {name:<17} {med:>8.2f} {ratio:>8.2f}x {'info':>7} {of_medians:>10}")
+            elif name == "gravac-settled":
                 failed += ratio > 1.15
                 print(f"{cf:>6g} {name:<17} {med:>8.2f} {ratio:>8.2f}x {'PASS' if ratio <= 1.15 else 'FAIL':>7} "
                       f"{of_medians:>10}")
