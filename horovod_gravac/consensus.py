@@ -2,14 +2,24 @@
 rank 0's decision.
 
 Adaptive controllers (GraVAC, Accordion) decide each step from rank-averaged norms
-(they arrive with the last bucket's collective, identical on every rank) and from
-the step time, which each rank measures for itself.  After each step:
+(they arrive with the last bucket's collective, the same bits on every rank) and,
+at their checks only, from the step time, which each rank measures for itself
+(``Controller.checks_at``: GraVAC's window checks, Accordion's interval ends).  So:
 
-1. rank 0 observes the averaged norms with its own step time and decides;
-2. every rank submits one asynchronous broadcast of a fixed-size float64 vector
-   (rank 0's decision and step time), from the training thread, inside ``step()``;
-3. the next step's first bucket (or anything that reads the controller) waits for
-   it; the other ranks then observe the very same numbers and adopt the decision.
+* between checks, every rank observes its step itself, with no collective: the same
+  averaged statistics into the same controller state give the same decision (its own
+  step time only goes into throughput samples that are replaced at the next check);
+* at a check, rank 0 observes and decides, and sends its whole controller state in
+  one blocking ``broadcast_object`` from the training thread, inside ``step()``; the
+  other ranks load it, so every rank leaves the check with rank 0's state.
+
+Measured on 2 CPU ranks, one small broadcast per step cost 1.3-1.4x a static step on
+models under a million parameters (``benchmarks/step_overhead.py --no-broadcast-row``);
+one per window costs nothing measurable.  Were a rank's arithmetic ever to differ
+between checks, the ranks would still aggregate the same allgathered payloads (the same
+update everywhere); a dense step on one rank against a sparse one on another is a
+mismatch Horovod reports as an error.  The next check puts every rank back on rank 0's
+state.
 
 Submitting from the training thread, in program order, matters: Horovod numbers
 every collective a process submits, and a user's unnamed ``hvd.allreduce(loss)``
@@ -25,12 +35,11 @@ every rank.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 
 from . import comm
-from .controllers import Controller, Decision, Dense, StepObservation
+from .controllers import Controller, Dense, StepObservation
 from .wire import N_STATS, StepStats  # noqa: F401  (N_STATS: part of this module's API)
 # Keys of ``optimizer.stats`` filled in by the exchange (None until it completes).
 CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compression_throughput", "next_cf")
@@ -51,7 +60,7 @@ def observation(step_stats: StepStats, step_time: float, world: int, at_boundary
 
 class _Exchange:
     """What both ways of agreeing share: the controller, the collective's name and bound,
-    the process set, and the step whose observation is still pending."""
+    the process set, and (join-safe mode) the step whose observation is still pending."""
 
     def __init__(self, controller: Controller, name: str, timeout: float, process_set=None):
         self.controller = controller
@@ -61,7 +70,7 @@ class _Exchange:
         self._pending = None
 
     def drop(self) -> None:
-        """Forget the step in flight (elastic recovery: its collective died with the old world)."""
+        """Forget a pending observation (elastic recovery: it belongs to the old world)."""
         self._pending = None
 
     def _fill_stats(self, stats: dict) -> None:
@@ -75,45 +84,25 @@ class _Exchange:
 
 
 class DecisionExchange(_Exchange):
-    """Rank 0's decision for the next step, broadcast asynchronously (see module doc).
-    Pending: (handle, buffer, step_stats, world, at_boundary, stats)."""
+    """Rank 0's controller state at each check, observation without a collective in
+    between (see module doc).  Nothing is left in flight between steps."""
 
     def is_root(self) -> bool:
         return comm.group_rank(self.process_set) == 0
 
     def start(self, step_stats: StepStats, step_time: float, world: int, at_boundary: bool,
               observe: bool, stats: dict) -> None:
-        """Submit this step's broadcast.  ``observe=False``: the step is not fed to the
-        controller (every rank skipped it: a loss-scaler overflow)."""
-        buf = torch.zeros(5, dtype=torch.float64)
-        if self.is_root():
-            if observe:
-                self.controller.observe(observation(step_stats, step_time, world, at_boundary))
-            d = self.controller.decision
-            buf.copy_(torch.tensor([d.send_cf, d.theta_min, d.candidate_cf, step_time, float(observe)],
-                                   dtype=torch.float64))
-        handle = comm.broadcast_async_(buf, self.name, self.process_set)
-        self._pending = (handle, buf, step_stats, world, at_boundary, stats)
-
-    def finish(self) -> None:
-        """Wait for the broadcast in flight; non-root ranks observe and adopt."""
-        if self._pending is None:
-            return
-        handle, buf, step_stats, world, at_boundary, stats = self._pending
-        self._pending = None
-        comm.wait(handle, self.name, self.timeout)
-        send_cf, theta_min, candidate_cf, step_time, observed = buf.tolist()
-        agreed = Decision(send_cf, theta_min, candidate_cf)
+        """Observe this step.  ``observe=False``: the step is not fed to the controller
+        (every rank skipped it: a loss-scaler overflow, or no statistics arrived)."""
         ctrl = self.controller
-        if not self.is_root():
-            if observed:
-                mine = ctrl.observe(observation(step_stats, step_time, world, at_boundary))
-            else:
-                mine = ctrl.decision
-            if mine != agreed:
-                warnings.warn(f"horovod_gravac: rank {comm.rank()} decided {mine} but rank 0 "
-                              f"decided {agreed}; following rank 0")
-        ctrl.adopt(agreed)
+        if observe:
+            check = ctrl.checks_at(ctrl.step + 1)
+            ctrl.observe(observation(step_stats, step_time, world, at_boundary))
+            if check:   # rank 0's state (and decision) on every rank
+                state = comm.broadcast_object(ctrl.state_dict() if self.is_root() else None, name=self.name,
+                                              timeout=self.timeout, process_set=self.process_set)
+                if not self.is_root():
+                    ctrl.load_state_dict(state)
         self._fill_stats(stats)
 
     def sync_state(self, step_index: int, name: str) -> int:
@@ -153,9 +142,6 @@ class JoinSafeExchange(_Exchange):
     def start(self, step_stats: StepStats, step_time: float, world: int, at_boundary: bool,
               observe: bool, stats: dict) -> None:
         self._pending = (step_stats, step_time, world, at_boundary, observe, stats)
-
-    def finish(self) -> None:
-        """Nothing to wait for: the exchange runs in :meth:`begin_step`, on every rank."""
 
     def begin_step(self, step_index: int, world: int) -> int:
         """The collective part (every rank, before its step's first bucket).  Returns the
@@ -211,8 +197,8 @@ def sync_first_step(exchange, controller: Controller, step_index: int, name: str
 
 
 def observe_step(exchange, controller: Controller, step_stats, step_time: float, world: int,
-                 at_boundary: bool, skipped: bool, stats: dict, wait: bool) -> None:
-    """Feed the finished step to the controller: through rank 0's decision (adaptive
+                 at_boundary: bool, skipped: bool, stats: dict) -> None:
+    """Feed the finished step to the controller: through the exchange (adaptive
     controllers), or directly (static ones; a skipped step is not fed)."""
     if exchange is not None and controller.needs_consensus:
         # No statistics arrived (no bucket, or the carrier changed mid-step because a
@@ -221,7 +207,5 @@ def observe_step(exchange, controller: Controller, step_stats, step_time: float,
         stats.update(dict.fromkeys(CONSENSUS_STATS))   # filled in by the exchange
         exchange.start(step_stats if step_stats is not None else StepStats(), step_time, world, at_boundary,
                        observe=observed, stats=stats)
-        if wait:
-            exchange.finish()
     elif not skipped:
         controller.observe(StepObservation(0.0, 0.0, 0.0, step_time))

@@ -9,9 +9,10 @@ with scripted gains and timings.  The optimizer drives it:
     controller.decision                      # decision for the next step
 
 Every rank feeds its controller identical, rank-averaged observations, so every
-rank computes the same decision; the optimizer still sends rank 0's decision to the
-others (``consensus.py``: five numbers in one broadcast) and they ``adopt`` it, so
-ranks can never call different collectives, even if their arithmetic differed.
+rank computes the same decision.  Only step times differ by rank, and a controller
+reads them only at its checks (``checks_at``, e.g. GraVAC's window checks): there
+rank 0's controller state is sent to the others (``consensus.py``), so every rank
+leaves each check with rank 0's state and decision.
 
 Decisions are made from measurements up to the previous step: that lets
 communication start from the backward hooks, as in ``hvd.DistributedOptimizer``.
@@ -128,6 +129,14 @@ class Controller:
     def adopt(self, decision: Decision) -> None:
         """Take the decision agreed by rank 0."""
         self.decision = decision
+
+    def checks_at(self, step: int) -> bool:
+        """Whether observing step number ``step`` (1-based, as ``self.step`` will count it)
+        may decide from something a rank measures for itself (its step time).  Only there
+        must the ranks take rank 0's decision; in between, every rank observes the same
+        rank-averaged statistics and decides alike.  True (every step) unless a subclass
+        knows better."""
+        return True
 
     def config(self) -> dict:
         """Settings that must match on every rank (checked at start-up)."""
@@ -283,6 +292,11 @@ class GraVAC(Controller):
         return self._gain_candidate.value
 
     # -- per step ------------------------------------------------------------------
+    def checks_at(self, step: int) -> bool:
+        # Step times enter only the throughput table, which is read at window checks;
+        # between them a decision follows from the (rank-averaged) gains alone.
+        return step % self.window == 0
+
     def observe(self, obs: StepObservation) -> Decision:
         self.step += 1
         sent = self.decision
@@ -556,6 +570,9 @@ class Accordion(Controller):
     def config(self) -> dict:
         return {"type": "Accordion", "low_cf": self.low_cf, "high_cf": self.high_cf,
                 "threshold": self.threshold, "interval": self.interval}
+
+    def checks_at(self, step: int) -> bool:
+        return step % self.interval == 0   # the only steps whose decision can change
 
     def observe(self, obs: StepObservation) -> Decision:
         self.step += 1

@@ -73,8 +73,8 @@ def clear_in_flight(optimizer) -> None:
 
     After a ``HorovodInternalError`` the handles of the interrupted step are dead; the
     next ``zero_grad()`` would otherwise refuse to run ("called before step()").  A
-    consensus exchange still in flight is let finish (its collectives fail with the old
-    world) and ignored, so it cannot overwrite the state restored afterwards."""
+    join-safe observation still pending is dropped, so it cannot overwrite the state
+    restored afterwards."""
     optimizer.drop_in_flight()
 
 

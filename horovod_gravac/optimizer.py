@@ -20,8 +20,9 @@ see ``controllers.py`` for who decides):
 Adaptive controllers (GraVAC, Accordion) also need the step's squared norms
 averaged over ranks.  They ride inside the last bucket's collective (``comm.py``
 describes how); that bucket holds its collective back until every other bucket is
-compressed.  Rank 0's decision for the next step then travels in one small
-asynchronous broadcast submitted inside ``step()`` (``consensus.py``).  Every
+compressed.  At a controller's checks (GraVAC's window checks), rank 0's
+controller state then travels in one broadcast inside ``step()`` (``consensus.py``);
+between checks no collective is added.  Every
 collective of this package is submitted from the training thread, in the same
 order on every rank, so users' own (even unnamed) collectives never interleave
 differently on different ranks.
@@ -185,8 +186,7 @@ class _ElasticSupport:
 
     def drop_in_flight(self) -> None:
         """Forget a step that was interrupted (buckets launched, collectives never finished):
-        their handles died with the old world.  A decision broadcast still in flight is
-        dropped too, so it cannot overwrite a state restored afterwards."""
+        their handles died with the old world."""
         if self._exchange is not None:
             self._exchange.drop()
         for bucket in self._buckets:
@@ -388,11 +388,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         encoded, so the last bucket to launch starts the carrier's."""
         if not self._record.open:
             self._begin_step()
-        if self._exchange is not None:
-            # The previous step's broadcast decides this step.  Waited for here, at the first
-            # bucket that needs the decision, so backward up to this bucket hides its latency
-            # (a no-op in join_safe mode: its exchange ran in _begin_step).
-            self._exchange.finish()
         t0 = time.perf_counter()
         record = self._record
         # The carrier can change mid-step (a gradient turned out sparse): decided here.
@@ -448,14 +443,12 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = True
 
     def _finish_step(self, comm_time: float, skipped: bool = False):
-        if self._exchange is not None:
-            self._exchange.finish()   # normally done by the first bucket; not if there is none
         step_time = time.perf_counter() - self._step_start
         ctrl, record = self._controller, self._record
         stats = record.summary(self._step_index, ctrl.decision, sum(b.numel for b in self._buckets),
                                step_time, comm_time, skipped)
         observe_step(self._exchange, ctrl, record.step_stats, step_time, self.world_size, record.at_boundary,
-                     skipped, stats, wait=not self.overlap_consensus)
+                     skipped, stats)
         self._stats = stats
         if not skipped:
             self._step_index += 1
@@ -464,19 +457,14 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def controller(self) -> Controller:
-        """The controller (Dense, StaticCF, GraVAC, Accordion).  Reading it waits for a
-        decision broadcast in flight, so its state is never half-updated."""
-        if self._exchange is not None:
-            self._exchange.finish()
+        """The controller (Dense, StaticCF, GraVAC, Accordion).  Nothing updates it
+        between steps, so its state is never half-updated."""
         return self._controller
 
     @property
     def stats(self) -> Dict[str, float]:
-        """What the last step did (see docs/API_CONTRACT.md).  Reading it waits for that
-        step's decision broadcast if it is still running, so the gains and ``next_cf``
-        are always filled in."""
-        if self._exchange is not None:
-            self._exchange.finish()
+        """What the last step did (see docs/API_CONTRACT.md), the gains and ``next_cf``
+        included: ``step()`` fills them in before it returns."""
         return self._stats
 
     def reset_timer(self) -> None:
@@ -524,7 +512,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def gravac_state_dict(self) -> dict:
         """Controller state, step index and this rank's buffers by parameter name, with
         ``meta`` and checksums (``checkpoint.gravac_state``)."""
-        ctrl = self.controller   # waits for a decision broadcast in flight
+        ctrl = self.controller
         return checkpoint.gravac_state(ctrl, self._step_index, self._memory, self._interval, self._warm,
                                        self._buckets, checkpoint.optimizer_meta(self, comm.rank()))
 
@@ -766,8 +754,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         timeout_s: seconds any collective may take before this rank raises
             ``comm.CollectiveTimeoutError`` (a peer died or stalls) instead of hanging.
             ``None``: ``$HOROVOD_GRAVAC_TIMEOUT``, else 600; ``math.inf``: no limit.
-        overlap_consensus: wait for an adaptive controller's decision broadcast at the
-            next step's first bucket (``False``: at the end of ``step()``).
+        overlap_consensus: accepted for compatibility, no effect: ranks now agree only at
+            a controller's checks (GraVAC's window checks), inside ``step()``, and nothing
+            is left in flight between steps (``consensus.py``).
         nonfinite: ``"propagate"`` (default, as Horovod: NaN/Inf on any rank reaches
             every rank, so a loss scaler skips the step everywhere) or ``"zero"`` (that
             rank contributes zeros for the bucket).

@@ -447,3 +447,32 @@ def test_delivered_state_round_trip_continues_identically():
     assert a._failures   # (160 failed: the backoff state is part of what is restored)
     assert drive_delivered(a, 60, gain, comm_bound) == drive_delivered(b, 60, gain, comm_bound)
     assert a.config()["variant"] == "delivered"
+
+
+def test_checks_are_the_only_steps_that_need_rank_zeros_state():
+    """``checks_at``: the steps whose decision may depend on a rank's own step time (the
+    optimizer then takes rank 0's controller state).  GraVAC: its window checks, in every
+    variant; Accordion: its interval ends; any other controller: every step (safe)."""
+    for variant in ("paper", "ladder", "delivered"):
+        g = GraVAC(window=4, variant=variant)
+        assert [s for s in range(1, 13) if g.checks_at(s)] == [4, 8, 12], variant
+    a = Accordion(interval=5)
+    assert [s for s in range(1, 11) if a.checks_at(s)] == [5, 10]
+    assert all(StaticCF(10).checks_at(s) for s in range(1, 4))
+
+
+def test_between_checks_a_gravac_decision_ignores_the_step_time():
+    """What lets ranks decide alone between checks: two controllers fed the same statistics
+    but different step times make the same decisions at every step that is not a check,
+    and differ (if at all) only from a check on, which rank 0's state then overrides."""
+    for variant in ("paper", "ladder", "delivered"):
+        fast, slow = GraVAC(window=5, variant=variant), GraVAC(window=5, variant=variant)
+        for step in range(1, 5):   # the first window, up to its check
+            obs = dict(ef_sq=1.0, min_sq=0.9, candidate_sq=0.8, samples=2.0, accumulated_sq=1.0,
+                       window_dot=0.95, window_sent_sq=0.95)
+            d_fast = fast.observe(StepObservation(step_time=0.01, **obs))
+            d_slow = slow.observe(StepObservation(step_time=0.03 * step, **obs))
+            assert d_fast == d_slow, (variant, step)
+        assert fast.state_dict()["throughput"] != slow.state_dict()["throughput"]   # only the times differ
+        slow.load_state_dict(fast.state_dict())
+        assert slow.state_dict() == fast.state_dict()

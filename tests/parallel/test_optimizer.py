@@ -305,6 +305,47 @@ class HeadRegisteredFirst(torch.nn.Module):
         return self.head(torch.relu(self.body(x)))
 
 
+def test_ranks_exchange_controller_state_only_at_window_checks():
+    """Between GraVAC's window checks no collective is added to a step: every rank decides
+    itself from the same averaged statistics.  At each check rank 0's whole controller
+    state reaches every rank, even when the ranks' step times differ (rank 1 is made
+    slower, so its own throughput figures would differ): every step's decision is the
+    same everywhere, and after each check every rank holds rank 0's state."""
+    from horovod_gravac import comm
+    window = 3
+    model = make_model(seed=5)
+    ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=window, variant="ladder")
+    opt = hg_opt(model, controller=ctrl)
+    exchanges, original = [], comm.broadcast_object
+
+    def counted(obj, name, *a, **k):
+        if name.endswith(".decision"):
+            exchanges.append(ctrl.step)
+        return original(obj, name, *a, **k)
+    comm.broadcast_object = counted
+    decisions, states = [], []
+    try:
+        def hook(step, o):
+            if RANK == 1:
+                import time
+                time.sleep(0.002 * (step % 2))   # rank 1's own step times differ from rank 0's
+            decisions.append(tuple(o.stats[k] for k in ("cf", "theta_min", "candidate_cf", "next_cf")))
+            if ctrl.step % window == 0:
+                states.append(ctrl.state_dict())
+        train(model, opt, 4 * window, hook=hook)
+    finally:
+        comm.broadcast_object = original
+    # One exchange per check (the observed step count is then a multiple of the window).
+    assert exchanges == [window * i for i in range(1, 5)], exchanges
+    everyone = hvd.allgather_object((decisions, states), name="check.window_consensus")
+    for r, (d, st) in enumerate(everyone):
+        assert d == everyone[0][0], f"rank {r} decided {d}, rank 0 {everyone[0][0]}"
+        assert st == everyone[0][1], f"rank {r} left a check with another state than rank 0"
+    assert len({row[0] for row in decisions}) >= 2, decisions   # the CF moved during the run
+    assert_identical_across_ranks(model, "window-consensus")
+    release(opt)
+
+
 def test_carried_stats_are_complete_averages():
     """The statistics that ride in the carrier bucket equal a direct average of every
     rank's whole-step norms, also when the carrier's gradients are ready first (its
