@@ -424,7 +424,9 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
             else:
                 xs = [e["step"] * scale for e in r["evals"]]
             ax.plot(xs, score(r["evals"], metric), lw=1, label=name, color=color[name])
-        ax.axhline(next(r["target"] for r in rows if r["workload"] == key[0]), color="k", ls=":", lw=1)
+        target = next((r["target"] for r in rows if r["workload"] == key[0]), None)
+        if target is not None:   # None: no dense run here (--only without dense), so no target
+            ax.axhline(target, color="k", ls=":", lw=1)
         ax.set_ylabel(metric)
         if metric == "perplexity":
             ax.set_yscale("log")

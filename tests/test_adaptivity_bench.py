@@ -132,3 +132,14 @@ def test_window_checks_list_every_gravac_check_with_the_gain_it_was_judged_on():
     assert len(rows) == 1   # Accordion's interval checks and a static run have no window checks
     assert rows[0]["config"] == "gravac-delivered-exp-topk-eps0.7" and rows[0]["window_gain"] == 0.97
     assert rows[0]["move"] == "try" and rows[0]["evaluated_cf"] == 10.0 and "compression_throughput" not in rows[0]
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")   # a static run has no CF or gain curves
+def test_plots_without_a_dense_run_draw_no_target(tmp_path):
+    # --only without dense: no row gives a target, and the accuracy plot simply has no line for it.
+    pytest.importorskip("matplotlib")
+    steps = [{"step": i, "iter_time": 0.1, "step_time": 0.1, "cf": 10.0} for i in range(1, 5)]
+    runs = {("cnn1d-digits", "1gbit"): {"topk-cf10": {"summary": {}, "steps": steps,
+                                                     "evals": [{"step": 4, "accuracy": 0.9}]}}}
+    made = A.plots(runs, [], str(tmp_path), "gravac-delivered-exp-topk-eps0.7")
+    assert any(m.endswith("accuracy_vs_time.png") for m in made)
