@@ -35,6 +35,7 @@ every rank.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -97,11 +98,17 @@ class DecisionExchange(_Exchange):
         ctrl = self.controller
         if observe:
             check = ctrl.checks_at(ctrl.step + 1)
+            sent = ctrl.decision   # what this step did: the same on every rank since the last check
             ctrl.observe(observation(step_stats, step_time, world, at_boundary))
             if check:   # rank 0's state (and decision) on every rank
-                state = comm.broadcast_object(ctrl.state_dict() if self.is_root() else None, name=self.name,
-                                              timeout=self.timeout, process_set=self.process_set)
-                if not self.is_root():
+                root = self.is_root()
+                state, root_sent = comm.broadcast_object((ctrl.state_dict(), sent) if root else None,
+                                                         name=self.name, timeout=self.timeout,
+                                                         process_set=self.process_set)
+                if not root:
+                    if sent != root_sent:   # arithmetic that differs by rank: say so, then follow rank 0
+                        warnings.warn(f"horovod_gravac: rank {comm.rank()} sent {sent} in step {ctrl.step} but "
+                                      f"rank 0 sent {root_sent}; taking rank 0's controller state")
                     ctrl.load_state_dict(state)
         self._fill_stats(stats)
 

@@ -346,6 +346,34 @@ def test_ranks_exchange_controller_state_only_at_window_checks():
     release(opt)
 
 
+def test_a_rank_whose_arithmetic_differs_is_named_and_put_back_on_rank_zeros_state():
+    """Safety net for deciding alone between checks: if a rank's decisions ever differ
+    from rank 0's (here rank 1 is made to refuse the candidate), the ranks still apply the
+    same update (every rank aggregates every rank's allgathered payload), the next check
+    says so in a warning that names the rank, and rank 1 continues from rank 0's state."""
+    import warnings
+    from horovod_gravac.controllers import Decision
+    window = 3
+    model = make_model(seed=6)
+    ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.01, window=window)
+    opt = hg_opt(model, controller=ctrl)
+    if RANK == 1:
+        ctrl._choose = lambda: Decision(ctrl.theta_min, ctrl.theta_min, ctrl.candidate_cf)
+    sent = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(model, opt, 3 * window, hook=lambda s, o: sent.append(o.stats["cf"]))
+    named = [str(w.message) for w in caught if "taking rank 0's controller state" in str(w.message)]
+    everyone = hvd.allgather_object((sent, ctrl.state_dict(), len(named)), name="check.divergent")
+    assert everyone[1][0] != everyone[0][0], "rank 1's decisions did not differ: nothing was tested"
+    assert everyone[0][2] == 0 and everyone[1][2] >= 1, [e[2] for e in everyone]
+    if RANK == 1:
+        assert "rank 1 sent" in named[0], named
+    assert everyone[1][1] == everyone[0][1], "rank 1 left the last check with another state"
+    assert_identical_across_ranks(model, "divergent")
+    release(opt)
+
+
 def test_carried_stats_are_complete_averages():
     """The statistics that ride in the carrier bucket equal a direct average of every
     rank's whole-step norms, also when the carrier's gradients are ready first (its
