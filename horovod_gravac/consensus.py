@@ -182,8 +182,8 @@ class JoinSafeExchange(_Exchange):
 
 def make_exchange(controller: Controller, prefix: str, timeout: float, process_set, join_safe: bool,
                   shared_seed: bool):
-    """How an optimizer's ranks agree on each step (None: they need not): rank 0's
-    decision broadcast for adaptive controllers, or in join_safe mode an allreduce that
+    """How an optimizer's ranks agree (None: they need not): rank 0's controller state at
+    each check for adaptive controllers, or in join_safe mode an allreduce every step that
     also aligns the step index (shared-seed compressors)."""
     if join_safe and (controller.needs_consensus or shared_seed):
         return JoinSafeExchange(controller, f"{prefix}.decision", timeout, process_set)
