@@ -9,13 +9,17 @@ static twin at the same CF: the median over rounds of the ratio of the two block
 step times (each GraVAC block runs right after its static twin, so slow drift of a
 shared machine cancels), and, as a cross-check, the ratio of the two medians.  GraVAC is measured in two states:
   settled    - theta_min == candidate == CF (what a converged GraVAC run does), so the
-               extra cost is the per-step norms and the consensus exchange (the norms
-               ride in the last bucket's collective; rank 0's decision is broadcast);
+               extra cost is the per-step norms, which ride in the last bucket's
+               collective (the pinned controller never reaches a window check, so no
+               state is exchanged; before commit 1e4bb89 rank 0's decision was
+               broadcast every step);
   exploring  - theta_min = CF/10, candidate = CF (multi-level: compress at CF/10, then
                further), sending the candidate: the cost while it is still searching.
-  settled-local - settled, with the decision broadcast replaced by each rank observing
-               its own step locally (``--no-broadcast-row``; a diagnostic only, safe here
-               because the pinned decision never changes): the broadcast's share of the cost.
+  settled-local - settled, with the exchange replaced by each rank observing its own step
+               locally (``--no-broadcast-row``; a diagnostic only, safe here because the
+               pinned decision never changes).  It measured the per-step broadcast's share
+               (``results/step_overhead_broadcast.txt``, made at commit 6fd4fb9); since
+               1e4bb89 it runs the same computation as ``settled``.
 Target: GraVAC <= 1.15x static at the same CF, checked on the settled state
 (same CF sent and compressed).  While exploring, GraVAC must compress the whole gradient
 at theta_min = CF/10 (Algorithm 1, line 6) before reaching CF by multi-level compression;
@@ -68,9 +72,6 @@ class LocalExchange:
         from horovod_gravac.consensus import observation
         if observe:
             self.controller.observe(observation(step_stats, step_time, world, at_boundary))
-
-    def finish(self):
-        pass
 
     def drop(self):
         pass

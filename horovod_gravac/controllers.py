@@ -127,7 +127,8 @@ class Controller:
         return self.decision
 
     def adopt(self, decision: Decision) -> None:
-        """Take the decision agreed by rank 0."""
+        """Set the decision for the next step (the benchmarks use it to pin a controller;
+        ranks themselves agree through ``load_state_dict``, see ``consensus.py``)."""
         self.decision = decision
 
     def checks_at(self, step: int) -> bool:
@@ -506,6 +507,7 @@ class GraVAC(Controller):
         self.history_count += 1
 
     def adopt(self, decision: Decision) -> None:
+        """The decision, with its two levels as theta_min and the candidate."""
         self.decision = decision
         self.theta_min, self.candidate_cf = decision.theta_min, decision.candidate_cf
 

@@ -237,7 +237,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         controller = opts["controller"]
         self._timeout = comm.resolve_timeout(opts["timeout_s"])   # seconds per collective (inf: none)
-        self.overlap_consensus = opts["overlap_consensus"]
         self._controller = controller
         self.backward_passes_per_step = opts["backward_passes_per_step"]
         self.op = opts["op"]
@@ -348,8 +347,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     def _begin_step(self) -> None:
         """First hook (or ``synchronize``) of a step: take rank 0's state once, and count
-        which hooks this step's buckets wait for.  (The previous step's decision is
-        collected later, by the first bucket to launch.)"""
+        which hooks this step's buckets wait for."""
         self._record.open = True
         if self._step_start is None:
             self._step_start = time.perf_counter()

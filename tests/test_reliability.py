@@ -307,8 +307,8 @@ FAULTS = {
     "decision": "gravac.decision",
     "startup": "gravac.consistency",
     "exit": None,
-    # Frozen between steps: rank 0 waits either in the overlapped decision broadcast of
-    # the step before or in the next bucket, depending on where rank 1 stopped.
+    # Frozen between steps: rank 0 waits either in the state broadcast of a window check
+    # (window 2) or in the next bucket, depending on where rank 1 stopped.
     "freeze": ("gravac.bucket.", "gravac.decision"),
 }
 

@@ -86,7 +86,7 @@ import sys, time
 import horovod_gravac.optimizer as O
 from horovod_gravac.harness import train
 stats = O._GravacDistributedOptimizer.stats
-def slow(self):   # stands in for the wait for an adaptive controller's decision broadcast
+def slow(self):   # stands in for any wait in reading opt.stats
     time.sleep(0.2)
     return stats.fget(self)
 O._GravacDistributedOptimizer.stats = property(slow)
@@ -95,10 +95,10 @@ sys.exit(train.main(sys.argv[1:]))
 
 
 def test_iter_time_includes_the_wait_in_opt_stats(tmp_path):
-    """Reading opt.stats waits for GraVAC's/Accordion's decision broadcast (the slowest rank's
-    end of the step): that wait is part of some iteration (the harness reads a step's stats
-    during the next one, and before an evaluation), or the adaptive paths look faster than a
-    static CF that sends the same payload.  Every step is still recorded once, in order."""
+    """Whatever reading opt.stats waits for (until commit 1e4bb89, GraVAC's/Accordion's
+    decision broadcast, so the slowest rank's end of the step) is part of some iteration
+    (the harness reads a step's stats during the next one, and before an evaluation), or
+    the adaptive paths look faster than a static CF that sends the same payload.  Every step is still recorded once, in order."""
     pytest.importorskip("horovod.torch")
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-c", _SLOW_STATS, "--preset", "digits", "--controller", "static",

@@ -485,12 +485,12 @@ def train(args) -> dict:
         throughput = size * args.batch_size / t_iter if t_iter > 0 else 0.0
         progress.update(step + 1, loss_value, cf, throughput)
 
-    # A step's opt.stats are read during the next step, after its backward pass: for GraVAC
-    # and Accordion the read waits for the step's decision broadcast (and so for the slowest
-    # rank's end of the step), and the next step's first gradient hook waits for it anyway.
-    # Read right after step(), the wait could not overlap the next forward pass.  Either
-    # way it falls inside some iteration's timer, as a static CF's wait for the slower rank
-    # falls inside its next collective.
+    # A step's opt.stats are read during the next step, after its backward pass.  Until
+    # ranks agreed only at window checks (commit 1e4bb89), that read waited for the step's
+    # decision broadcast, which could then overlap the next forward pass; now opt.stats is
+    # complete when step() returns and the read costs nothing.  Any time it takes falls
+    # inside some iteration's timer, as a static CF's wait for the slower rank falls inside
+    # its next collective.
     pending = None   # (step, loss, lr, epoch, t_data, t_iter) of the step not yet recorded
     for step in range(args.steps):
         it0 = time.perf_counter()

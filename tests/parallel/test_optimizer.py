@@ -233,8 +233,8 @@ def test_powersgd_full_rank_equals_dense_and_accordion_switches():
 
 
 def test_overlapped_consensus_matches_synchronous():
-    """The consensus exchange overlapped with the next step (default) gives the same
-    decisions, stats and parameters as the synchronous exchange, bitwise."""
+    """``overlap_consensus`` (accepted for compatibility: since ranks agree only at window
+    checks, inside ``step()``, nothing overlaps) changes no decision, stat or parameter."""
     runs = []
     for overlap in (True, False):
         model = make_model()
