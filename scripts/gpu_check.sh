@@ -18,6 +18,7 @@
 #      (python -m benchmarks.compressors --sweep-only --device cuda)      -> compressors_sweep_cuda.txt, .csv
 #      and SIDCo's device_fits="host" against "device" (benchmarks/sidco_device_fits.py) -> sidco_device_fits_cuda.txt
 #      and the operations behind each compress (benchmarks/compressor_profile.py) -> compressor_profile_cuda.txt
+#      and the samples' order statistics, kthvalue against sort (benchmarks/sample_order_stats.py) -> sample_order_stats_cuda.txt
 #   summary.txt: one line per step.  The results folder is printed at the end.
 #
 # Settings (environment): PYTHON (default .venv/bin/python), RESULTS (default
@@ -125,6 +126,9 @@ else
   # The operations behind the totals (Top-k ran 7 operations in 1.2-1.9 ms on an H200).
   step "profile of compress: python -m benchmarks.compressor_profile --device cuda" \
     "$RESULTS/compressor_profile_cuda.txt" "$PYTHON" -m benchmarks.compressor_profile --device cuda
+  # Why the selectors sort their samples on a GPU (CUDA's kthvalue of a 1-D tensor is one thread block).
+  step "order statistics of a sample: python -m benchmarks.sample_order_stats --device cuda" \
+    "$RESULTS/sample_order_stats_cuda.txt" "$PYTHON" -m benchmarks.sample_order_stats --device cuda
 fi
 
 echo

@@ -38,3 +38,11 @@ def test_compressor_profile_prints_a_table_per_compressor_and_cf(capsys):
                                     "--repeats", "1", "--rows", "3"]) == 0
     out = capsys.readouterr().out
     assert out.count("## ") == 4 and out.count("Self CPU time total") == 4
+
+
+def test_sample_order_stats_prints_a_row_per_sample_size(capsys):
+    from benchmarks import sample_order_stats
+    assert sample_order_stats.main(["--sizes", "4096,20000", "--repeats", "1"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["4,096", "20,000"]
+    assert all(float(v) > 0 for r in rows for v in r[1:4])

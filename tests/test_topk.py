@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from horovod_gravac import native
 from horovod_gravac.compressors import TopKCompressor, kept_count
+from horovod_gravac.selection import sampling
 from horovod_gravac.selection import topk as T
 from horovod_gravac.selection.topk import topk_indices
 
@@ -194,9 +195,16 @@ def test_compressor_leaves_the_global_rng_alone_and_is_deterministic():
 
 
 # -- the accelerator path, run on CPU tensors ------------------------------------------------
+@pytest.fixture(params=["sort", "kthvalue"])
+def order_statistic(request, monkeypatch):
+    """Both ways of reading the sample's thresholds: the sort that accelerators run, and kthvalue."""
+    monkeypatch.setattr(sampling, "_sorts", lambda sample: request.param == "sort")
+    return request.param
+
+
 @pytest.mark.parametrize("kind", ["laplace", "ties", "sparse", "zeros"])
 @pytest.mark.parametrize("cf", [5, 100, 1000])
-def test_device_path_is_exact(kind, cf):
+def test_device_path_is_exact(kind, cf, order_statistic):
     x = data(kind, 300_001)
     k = kept_count(x.numel(), cf)
     got = T._topk_torch(x, k, torch.Generator().manual_seed(0))
@@ -205,7 +213,7 @@ def test_device_path_is_exact(kind, cf):
     assert torch.equal(m[got].sort().values, torch.topk(m, k).values.sort().values)
 
 
-def test_device_path_syncs_once(monkeypatch):
+def test_device_path_syncs_once(monkeypatch, order_statistic):
     """On an accelerator the only host sync is the output size of one ``nonzero``, whatever happens."""
     x = data("laplace", 300_001)
     want = torch.topk(x.abs(), 3000).values.sort().values
@@ -237,7 +245,7 @@ class SyncCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_compressor_on_the_accelerator_path_syncs_at_most_once_per_call(monkeypatch):
+def test_compressor_on_the_accelerator_path_syncs_at_most_once_per_call(monkeypatch, order_statistic):
     monkeypatch.setattr(T, "_numpy_path", lambda values: False)
     for n in (1000, 100_000, 300_001, 1_200_000):
         x = data("laplace", n)

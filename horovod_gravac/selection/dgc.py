@@ -65,7 +65,7 @@ class DGCSelector(ThresholdSelector):
 
     Host synchronisations per ``select`` (torch path): one (the size of the final ``nonzero``).
     Cost: a sample gather of ``max(sample_ratio * n, min_sample_hits * cf)`` entries,
-    one ``kthvalue`` on the sample, one selection pass over the tensor.
+    one order statistic of the sample (``sample_quantile``), one selection pass over the tensor.
     """
 
     # Kept count accepted as it is, as a fraction of k (else refined).

@@ -62,8 +62,8 @@ import torch
 from .. import native
 from .base import check_count, check_fraction
 from .kernels import TINY, select_abs_at_least
-from .sampling import (host_abs_sample, host_rank_value, host_sample_size, sample_quantile, sample_size,
-                       stratified_abs_sample)
+from .sampling import (host_abs_sample, host_rank_value, host_sample_size, sample_quantile, sample_quantiles,
+                       sample_size, stratified_abs_sample)
 from .threshold import ThresholdSelector
 from .topk import sample_size as topk_sample_size
 
@@ -139,8 +139,7 @@ class RedSyncSelector(ThresholdSelector):
         if s >= n:   # the "sample" is the whole tensor: its quantile is exact
             floor = ceil = sample_quantile(sample, n, k)
         else:
-            floor = sample_quantile(sample, s, hits + spread)
-            ceil = sample_quantile(sample, s, max(hits - spread, 1.0))
+            floor, ceil = sample_quantiles(sample, s, [hits + spread, max(hits - spread, 1.0)])
         floor = floor.clamp(min=TINY)
         if s < n and hits >= _SAMPLE_COUNT_HITS:
             # Low CF: gathering >= k candidates would cost as much as the selection itself,

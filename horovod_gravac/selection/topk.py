@@ -44,12 +44,12 @@ against ``+-T`` instead of taking ``|x|`` gains nothing.  (Native path): recordi
 positions below ``U`` inside the main pass costs more (a mispredicted branch per
 block) than a second pass over the ``c`` candidates.
 
-Other devices (CUDA): the same sample in torch ops (131072 entries, ``kthvalue``), both
+Other devices (CUDA): the same sample in torch ops (131072 entries, sorted once), both
 thresholds read off it up front, the wider one chosen on the device when the first keeps
 fewer than ``k`` (a ``count_nonzero``), then ``nonzero`` of the candidate mask and an
 exact ``torch.topk`` over the candidates.  Host synchronisations per call: exactly one,
 the output size of that ``nonzero`` (none up to 65536 entries or at CF < 4, where a
-plain ``topk`` runs); sampling, ``kthvalue``, the choice of threshold, ``topk`` and
+plain ``topk`` runs); sampling, the sort, the choice of threshold, ``topk`` and
 the full-``topk`` fallback add none.  (The CPU path has no device to wait for.)
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ import torch
 from .. import native
 from .base import Selector
 from .payload import SparsePayload, sparse_payload
-from .sampling import DeviceGenerators, host_abs_sample
+from .sampling import DeviceGenerators, host_abs_sample, sample_rank_values
 
 # CPU: up to _TINY entries a plain torch.topk; up to _SMALL the threshold is the exact
 # k-th magnitude (no sampling).
@@ -312,7 +312,7 @@ def _topk_torch(values: torch.Tensor, k: int, generator: Optional[torch.Generato
     pos = torch.randint(n, (s,), generator=generator, device=dev).to(m.device)
     sample = m.index_select(0, pos)
     hits = s * k / n
-    first, wide = (torch.kthvalue(sample, s - _rank(s, hits, sigmas) + 1).values for sigmas in _SIGMAS)
+    first, wide = sample_rank_values(sample, [_rank(s, hits, sigmas) for sigmas in _SIGMAS])
     enough = torch.count_nonzero(~(m < first)) >= k          # stays on the device
     threshold = torch.where(enough, first, wide)
     candidates = torch.nonzero(~(m < threshold)).view(-1)     # the host sync: the output size
