@@ -377,3 +377,59 @@ def test_vectorised_path_matches_chunked_path(monkeypatch):
     for n in FACTORIES:
         got = FACTORIES[n](100).compress(t)[0].indices
         assert torch.equal(torch.sort(got).values, torch.sort(results_c[n]).values), n
+
+
+# -- the search resolves its steps together, as the step-by-step bisection would -------------------
+def _bisect(values, k, lo, hi, steps, tolerance):
+    """RedSync's bisection one step at a time (the reference the native kernel also follows)."""
+    values = torch.nan_to_num(values, nan=0.0)
+    few, many = k * (1.0 - tolerance), k * (1.0 + tolerance)
+    lo, hi = lo.to(values.dtype), hi.to(values.dtype)
+    for _ in range(steps):
+        mid = (lo + hi) * 0.5
+        count = (values > mid).sum()
+        too_few, too_many = count < few, count > many
+        done = ~(too_few | too_many)
+        hi = torch.where(too_few | done, mid, hi)
+        lo = torch.where(too_many | done, mid, lo)
+    return lo, hi
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("steps", [0, 1, 3, 7, 10, 11, 23])
+def test_redsync_search_equals_the_step_by_step_bisection_bit_for_bit(seed, steps):
+    g = _gen(seed)
+    n = int(torch.randint(50, 20_000, (1,), generator=g))
+    values = torch.distributions.Laplace(0.0, 1.0).sample((n,)).abs()
+    if seed % 3 == 1:
+        values = torch.randint(0, 40, (n,), generator=g).float() / 8   # heavy ties on the grid
+    if seed % 3 == 2:
+        values[torch.randperm(n, generator=g)[:5]] = float("nan")
+    for k, tolerance in ((max(1, n // 100), 0.02), (n // 3, 0.0), (max(1, n // 7), 0.2)):
+        lo = torch.tensor(float(torch.rand((), generator=g)) * 0.5)
+        hi = torch.tensor(float(torch.nan_to_num(values).max()) * float(0.5 + torch.rand((), generator=g)))
+        lo = torch.minimum(lo, hi)
+        got = redsync_search(values, k, lo, hi, steps, tolerance)
+        want = _bisect(values, k, lo, hi, steps, tolerance)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (k, tolerance, got, want)
+
+
+def test_redsync_search_launches_far_fewer_operations_than_its_steps():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Ops.n += not func.is_view   # views launch nothing
+            return func(*args, **(kwargs or {}))
+
+    values = torch.rand(100_000)
+    counts = {}
+    for steps in (7, 10):
+        Ops.n = 0
+        with Ops():
+            redsync_search(values, 1000, torch.tensor(0.0), torch.tensor(1.0), steps, 0.02)
+        counts[steps] = Ops.n
+    # one step of the bisection is about 14 operations (each a kernel launch on a GPU)
+    assert counts[7] <= 0.5 * 14 * 7 and counts[10] <= 0.5 * 14 * 10, counts
