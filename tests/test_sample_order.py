@@ -71,3 +71,50 @@ def test_reading_ranks_off_the_sort_does_not_sync(monkeypatch):
 def test_accelerators_sort_and_the_cpu_selects():
     assert not sampling._sorts(torch.zeros(3))
     assert sampling._sorts(torch.zeros(3, device="meta"))
+
+
+# -- the strata of a stratified sample are kept between calls -------------------------------------
+def _fresh_indices(numel, k, seed):
+    sampling._STRATA.clear()
+    return sampling.stratified_indices(numel, k, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("numel,k", [(1000, 10), (1003, 10), (1_000_003, 4096), (70_000, 7)])
+def test_kept_strata_give_the_same_draws_as_fresh_ones(numel, k):
+    want = [_fresh_indices(numel, k, seed) for seed in range(3)]
+    for seed in range(3):   # now from the kept strata
+        got = sampling.stratified_indices(numel, k, torch.Generator().manual_seed(seed))
+        assert torch.equal(got, want[seed])
+    size = numel // k
+    assert all(((w >= torch.arange(k) * size) & (w < numel)).all() for w in want)
+
+
+def test_kept_strata_stay_under_their_byte_budget(monkeypatch):
+    monkeypatch.setattr(sampling, "_STRATA_BYTES", 200_000)
+    sampling._STRATA.clear()
+    g = torch.Generator().manual_seed(0)
+    for numel in range(50_000, 60_000, 1_001):   # unequal strata: three tensors of 4096 each
+        sampling.stratified_indices(numel, 4096, g)
+        assert sum(map(sampling._nbytes, sampling._STRATA.values())) <= 200_000
+    assert 1 <= len(sampling._STRATA) < 10
+    last = (59_009, 4096, torch.float32, "cpu")
+    assert last in sampling._STRATA                  # the most recent one is kept
+    sampling._STRATA.clear()
+
+
+def test_a_kept_stratified_sample_runs_five_operations():
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += not func.is_view
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(0)
+    for numel in (40_960, 40_963):   # equal and unequal strata
+        sampling.stratified_indices(numel, 4096, g)
+        with Ops() as ops:
+            sampling.stratified_indices(numel, 4096, g)
+        assert ops.n <= 5, (numel, ops.n)

@@ -59,7 +59,7 @@ RedSync then cost 1.12-1.19x exact Top-k at CF 10.)
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -92,49 +92,58 @@ def redsync_search(values: torch.Tensor, k: int, lo: torch.Tensor, hi: torch.Ten
 
     The steps are not taken one by one: every midpoint that ``m`` steps could visit is made
     at once (``2^m - 1`` of them, by the same ``(a + b) * 0.5`` as the steps, so bit for bit
-    the same values), all are counted in one ``bucketize`` pass, and the steps' outcome is
-    read off the counts (:func:`_walk`).  A step costs about 14 tensor operations, each a
-    kernel launch on a GPU, where the launches and not the arithmetic set the time; ``m``
-    steps cost ``4 m + 20`` here.  Rounds of up to ``_LEVELS_PER_ROUND`` steps.
-    No host synchronisation.
+    the same values), all are counted with one ``searchsorted`` in the sorted values, and the
+    steps' outcome is read off the counts (:func:`_walk`).  A step costs about 14 tensor
+    operations, each a kernel launch on a GPU; here ``m`` steps cost one sort and about
+    ``2 m + 15``.  Rounds of up to ``_LEVELS_PER_ROUND`` steps.  No host synchronisation.
     """
     few, many = k * (1.0 - tolerance), k * (1.0 + tolerance)
     lo = lo.to(values.dtype)
     hi = hi.to(values.dtype)
-    # NaN is never above a threshold (as in the native search); magnitudes are >= 0 <= lo.
-    values = torch.nan_to_num(values, nan=0.0)
+    if steps <= 0:
+        return lo, hi
+    # NaN is never above a threshold (as in the native search); magnitudes are >= 0.
+    ordered = torch.sort(torch.nan_to_num(values, nan=0.0)).values
     while steps > 0:
         levels = min(steps, _LEVELS_PER_ROUND)
         steps -= levels
-        lo, hi = _walk(values, few, many, lo, hi, levels)
+        lo, hi = _walk(ordered, few, many, lo, hi, levels)
     return lo, hi
 
 
 # Steps resolved per round of redsync_search: a grid of 2^10 + 1 points.
 _LEVELS_PER_ROUND = 10
+_COARSENESS: Dict[Tuple[int, str], torch.Tensor] = {}
 
 
-def _walk(values: torch.Tensor, few: float, many: float, lo: torch.Tensor, hi: torch.Tensor,
+def _coarseness(size: int, device) -> torch.Tensor:
+    """``j & -j`` for ``j = 1..size-1`` (the lowest set bit: larger on coarser levels), kept per device."""
+    key = (size, str(device))
+    if key not in _COARSENESS:
+        j = torch.arange(1, size, device=device)
+        _COARSENESS[key] = j & -j
+    return _COARSENESS[key]
+
+
+def _walk(ordered: torch.Tensor, few: float, many: float, lo: torch.Tensor, hi: torch.Tensor,
           levels: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``levels`` steps of :func:`redsync_search`'s bisection, resolved together."""
+    """``levels`` steps of :func:`redsync_search`'s bisection over the sorted values, resolved together."""
     size = 1 << levels
-    grid = torch.empty(size + 1, dtype=values.dtype, device=values.device)
+    grid = torch.empty(size + 1, dtype=ordered.dtype, device=ordered.device)
     grid[0], grid[size] = lo, hi
     half = size // 2
     while half:   # the midpoints each further step could visit, coarsest first
         torch.add(grid[:-half:2 * half], grid[2 * half::2 * half], out=grid[half::2 * half]).mul_(0.5)
         half //= 2
-    # position p of each value: grid[p - 1] < v <= grid[p], so v > grid[j] for every j < p
-    position = torch.bucketize(values, grid)
-    at = torch.zeros(size + 2, dtype=torch.int64, device=values.device)
-    at.index_add_(0, position, torch.ones_like(position))
-    above = values.numel() - at.cumsum(0)[1:size]             # #(values > grid[j]), j = 1..size-1
+    # #(values > grid[j]) for the interior points j = 1..size-1, from the sorted values
+    # (a histogram by atomic adds was slower on a GPU: the values crowd into a few bins)
+    at_or_below = torch.searchsorted(ordered, grid[1:size], right=True)
+    above = ordered.numel() - at_or_below
     too_many, too_few = above > many, above < few
     done = ~(too_many | too_few)
     # Counts fall as j grows: too many, then done, then too few.  The bisection stops at the
     # first done point it visits: the one of the coarsest level (most trailing zero bits of j).
-    j = torch.arange(1, size, device=values.device)
-    coarseness = (j & -j).to(torch.int64)
+    coarseness = _coarseness(size, ordered.device)
     stop = torch.where(done, coarseness, torch.zeros_like(coarseness)).argmax() + 1
     last_many = too_many.sum()                                # grid index of the last too-many point
     first_few = last_many + done.sum() + 1                    # ... of the first too-few point

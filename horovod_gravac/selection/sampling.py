@@ -46,22 +46,54 @@ def stratified_indices(numel: int, k: int, generator: torch.Generator, device=No
     are shorter than 4096 entries, so each position's chance is off by at most
     4096 / 2**24 = 0.02 % of itself, float64 above that.  Indices are made on the
     generator's device (a CUDA generator cannot draw CPU tensors) and moved to ``device``.
+    The strata themselves depend only on ``(numel, k)`` and are kept (:func:`_strata`), so a
+    call runs five tensor operations: on a GPU each one is a kernel launch, and launches,
+    not arithmetic, set the time of a sample.
     """
     if k >= numel:
         return torch.arange(numel, device=device)
-    size, extra = divmod(numel, k)
+    size = numel // k
     gdev = generator.device
     u = torch.rand(k, generator=generator, dtype=torch.float32 if size < 4095 else torch.float64, device=gdev)
-    if extra == 0:   # equal strata: no table of boundaries needed
-        index = torch.arange(k, dtype=torch.int64, device=gdev).mul_(size)
+    starts, sizes, last = _strata(numel, k, u.dtype, gdev)
+    if sizes is None:   # equal strata
         # u * size can round up to size in floating point: the clamp keeps the draw in its stratum
-        index.add_(u.mul_(size).to(torch.int64).clamp_(max=size - 1))
+        offsets = u.mul_(size).to(torch.int64).clamp_(max=size - 1)
     else:
-        bounds = _stratum_starts(numel, k, gdev)
-        sizes = bounds[1:] - bounds[:-1]                   # >= 1 because k <= numel
-        offsets = u.mul_(sizes).to(torch.int64)
-        index = bounds[:-1].add_(torch.minimum(offsets, sizes.sub_(1), out=offsets))
+        offsets = torch.minimum(u.mul_(sizes).to(torch.int64), last)
+    index = starts + offsets
     return index if device is None else index.to(device)
+
+
+# Strata kept per (numel, k, dtype, device), at most _STRATA_BYTES of them (the least
+# recently used dropped first; one larger entry alone is kept): a model has a few bucket
+# sizes and a controller a few CFs, so the same strata recur every step.
+_STRATA: Dict[Tuple[int, int, torch.dtype, str], Tuple] = {}
+_STRATA_BYTES = 64 << 20
+
+
+def _strata(numel: int, k: int, dtype: torch.dtype, device) -> Tuple:
+    """``(starts, sizes, sizes - 1)`` of ``k`` strata of ``numel`` (``sizes`` and ``sizes - 1``
+    None when all strata are equal), on ``device``; ``sizes`` in ``dtype``."""
+    key = (numel, k, dtype, str(device))
+    hit = _STRATA.pop(key, None)
+    if hit is None:
+        size, extra = divmod(numel, k)
+        if extra == 0:
+            hit = (torch.arange(k, dtype=torch.int64, device=device).mul_(size), None, None)
+        else:
+            bounds = _stratum_starts(numel, k, device)
+            sizes = bounds[1:] - bounds[:-1]                   # >= 1 because k <= numel
+            hit = (bounds[:-1], sizes.to(dtype), sizes.sub_(1))
+        used = sum(map(_nbytes, _STRATA.values()))
+        while _STRATA and used + _nbytes(hit) > _STRATA_BYTES:
+            used -= _nbytes(_STRATA.pop(next(iter(_STRATA))))   # the least recently used
+    _STRATA[key] = hit   # (re)inserted last: the most recently used
+    return hit
+
+
+def _nbytes(entry: Tuple) -> int:
+    return sum(t.numel() * t.element_size() for t in entry if t is not None)
 
 
 def stratified_abs_sample(flat: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
