@@ -39,7 +39,7 @@ The steps are a fixed number of tensor operations with no host synchronisation
 They are resolved together rather than one by one: every midpoint the steps could
 visit is counted in one ``bucketize`` pass, and the bisection's outcome is read off the
 counts, bit for bit the same (:func:`redsync_search`).  On a GPU the kernel launches, not
-the arithmetic, set the search's time: 7 steps took 98 tensor operations one by one, 43
+the arithmetic, set the search's time: 7 steps took 99 tensor operations one by one, 38
 together.
 
 Host synchronisations per ``select``: two (the candidate ``nonzero`` and the final
@@ -95,7 +95,7 @@ def redsync_search(values: torch.Tensor, k: int, lo: torch.Tensor, hi: torch.Ten
     the same values), all are counted with one ``searchsorted`` in the sorted values, and the
     steps' outcome is read off the counts (:func:`_walk`).  A step costs about 14 tensor
     operations, each a kernel launch on a GPU; here ``m`` steps cost one sort and about
-    ``2 m + 15``.  Rounds of up to ``_LEVELS_PER_ROUND`` steps.  No host synchronisation.
+    ``2 m + 24``.  Rounds of up to ``_LEVELS_PER_ROUND`` steps.  No host synchronisation.
     """
     few, many = k * (1.0 - tolerance), k * (1.0 + tolerance)
     lo = lo.to(values.dtype)
