@@ -19,12 +19,15 @@
 #      and SIDCo's device_fits="host" against "device" (benchmarks/sidco_device_fits.py) -> sidco_device_fits_cuda.txt
 #      and the operations behind each compress (benchmarks/compressor_profile.py) -> compressor_profile_cuda.txt
 #      and the samples' order statistics, kthvalue against sort (benchmarks/sample_order_stats.py) -> sample_order_stats_cuda.txt
+#   5. the training harness on the GPU: ResNet101/CIFAR-10, VGG16/CIFAR-100 and LSTM/PTB at full
+#      size, 40 steps each on random data in the real formats (scripts/make_synthetic_datasets.py),
+#      GraVAC (both policies) and Accordion                              -> harness_*.txt, harness/
 #   summary.txt: one line per step.  The results folder is printed at the end.
 #
 # Settings (environment): PYTHON (default .venv/bin/python), RESULTS (default
 # reports/gpu_check/<UTC time>), GPU_CHECK_TIMEOUT (seconds per step, default 1800),
-# GPU_CHECK_SWEEP=0 (skip step 4), GPU_CHECK_DRY_RUN=1 (without a GPU: run every step
-# anyway, to check the script itself; it still exits 1).
+# GPU_CHECK_SWEEP=0 (skip step 4), GPU_CHECK_HARNESS=0 (skip step 5), GPU_CHECK_DRY_RUN=1
+# (without a GPU: run every step anyway, to check the script itself; it still exits 1).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd)
@@ -92,19 +95,20 @@ fi
 step "pytest -m cuda (tests/test_cuda.py)" "$RESULTS/pytest_cuda.txt" \
   "$PYTHON" -m pytest -m cuda -v -rs -p no:cacheprovider tests/test_cuda.py --junitxml="$RESULTS/pytest_cuda.xml"
 
+# horovodrun is a console script; where Horovod was installed with pip --target there is
+# none on PATH, and its module runs the same launcher.
+LAUNCH=("$HOROVODRUN")
+[ -x "$HOROVODRUN" ] || LAUNCH=("$PYTHON" -m horovod.runner.launch)
+NP=2                     # ranks of the NCCL runs: one per GPU, at most 2
+[ "$NGPU" -lt 2 ] && NP=1
+
 # 3. the optimizer under horovodrun with NCCL ---------------------------------------------------------
 if [ "$HVD" != 1 ]; then
   note "SKIP  NCCL optimizer run: Horovod is not installed for $PYTHON (the compressor and wire-format tests need no Horovod; the optimizer's do)"
 elif [ "$NCCL" != 1 ]; then
   note "SKIP  NCCL optimizer run: Horovod was built without NCCL (hvd.nccl_built() is False); rebuild it with HOROVOD_GPU_OPERATIONS=NCCL"
 else
-  # horovodrun is a console script; where Horovod was installed with pip --target there is
-  # none on PATH, and its module runs the same launcher.
-  LAUNCH=("$HOROVODRUN")
-  [ -x "$HOROVODRUN" ] || LAUNCH=("$PYTHON" -m horovod.runner.launch)
-  NP=2
-  if [ "$NGPU" -lt 2 ]; then
-    NP=1
+  if [ "$NP" -lt 2 ]; then
     note "INFO  only $NGPU GPU: the NCCL run uses 1 rank (NCCL refuses two ranks on one GPU); the 2-rank run needs 2 GPUs"
   fi
   step "horovodrun -np $NP NCCL optimizer, every compressor (tests/parallel/test_cuda_nccl.py)" "$RESULTS/nccl_optimizer.txt" \
@@ -129,6 +133,31 @@ else
   # Why the selectors sort their samples on a GPU (CUDA's kthvalue of a 1-D tensor is one thread block).
   step "order statistics of a sample: python -m benchmarks.sample_order_stats --device cuda" \
     "$RESULTS/sample_order_stats_cuda.txt" "$PYTHON" -m benchmarks.sample_order_stats --device cuda
+fi
+
+# 5. the training harness on the GPU --------------------------------------------------------------
+# The paper's three workloads at full size (ResNet101, VGG16, the 1500-wide LSTM), 40 steps each
+# on random data written in the real file formats (nothing is downloaded), GraVAC with both
+# policies and Accordion: does the harness run on this device with these ranks.
+if [ "${GPU_CHECK_HARNESS:-1}" = 0 ]; then
+  note "SKIP  training harness: GPU_CHECK_HARNESS=0"
+elif [ "$HVD" != 1 ]; then
+  note "SKIP  training harness: Horovod is not installed for $PYTHON"
+else
+  "$PYTHON" scripts/make_synthetic_datasets.py "$RESULTS/data" > /dev/null
+  D=$RESULTS/data
+  while IFS='|' read -r name args; do
+    # shellcheck disable=SC2086  # args is a list of words
+    step "training harness on the GPU: $name ($NP rank(s))" "$RESULTS/harness_$name.txt" \
+      "${LAUNCH[@]}" -np "$NP" -H "localhost:$NP" --gloo "$PYTHON" -m horovod_gravac.harness.train \
+      --device cuda --steps 40 --eval-every 40 --max-eval-batches 2 --log-every 10 \
+      --out "$RESULTS/harness/$name" $args
+  done <<EOF_RUNS
+r101-gravac-dgc|--preset resnet101-cifar10 --data $D/cifar10 --window 10
+vgg16-gravac-geometric-redsync|--preset vgg16-cifar100 --data $D/cifar100 --window 10 --policy geometric --compressor redsync
+lstm-gravac-dgc|--preset lstm-ptb --data $D/ptb --window 10
+r101-accordion-dgc|--preset resnet101-cifar10 --data $D/cifar10 --controller accordion --accordion-interval 10
+EOF_RUNS
 fi
 
 echo

@@ -238,3 +238,20 @@ def test_eval_shard_covers_everything_once():
     parts = [D.eval_shard(n, r, size) for r in range(size)]
     idx = sum((list(range(n))[p] for p in parts), [])
     assert idx == list(range(n))
+
+
+def test_synthetic_datasets_go_through_the_real_loaders(tmp_path):
+    """scripts/make_synthetic_datasets.py (the GPU check's harness smoke data) writes files the
+    loaders read as CIFAR-10, CIFAR-100 and PTB."""
+    import importlib.util
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location("mksyn", ROOT / "scripts" / "make_synthetic_datasets.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.write(str(tmp_path), images=8, sentences=30)
+    c10 = D.load_cifar(str(tmp_path / "cifar10"), "cifar10")
+    assert c10.train_x.shape == (40, 3, 32, 32) and c10.test_x.shape == (8, 3, 32, 32) and c10.num_classes == 10
+    c100 = D.load_cifar(str(tmp_path / "cifar100"), "cifar100")
+    assert c100.train_x.shape == (40, 3, 32, 32) and int(c100.train_y.max()) < 100
+    ptb = D.load_ptb(str(tmp_path / "ptb"))
+    assert ptb.train.numel() == 30 * 21 and "<unk>" in ptb.vocab   # 20 words and <eos> a sentence
