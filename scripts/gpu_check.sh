@@ -3,8 +3,9 @@
 #
 #   bash scripts/gpu_check.sh            # after scripts/setup.sh (or quickstart.sh)
 #
-# Run on an NVIDIA H200 (torch 2.11.0+cu130; results in benchmarks/results/gpu_h200/).  It
-# needs a CUDA build of torch (scripts/setup.sh installs the CPU wheel: on a GPU machine
+# Run on an NVIDIA H200 and an H100 (torch 2.11.0+cu130; results in benchmarks/results/gpu_h200/
+# and gpu_h100/; on the H100 every step passed, steps 1-4 in about 100 s).  It needs a CUDA build
+# of torch (scripts/setup.sh installs the CPU wheel: on a GPU machine
 # install the CUDA wheel of the same torch version first, or set PYTHON to an environment that
 # has one), and for step 3 Horovod with NCCL (scripts/build_horovod_gpu.sh builds it).
 #
