@@ -18,6 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import horovod_gravac.selection.kernels as kernels
+import horovod_gravac.selection.redsync as redsync
 import horovod_gravac.selection.sampling as sampling
 from horovod_gravac.compressors import (DGCCompressor, RandomKCompressor, RedSyncCompressor,
                                         SIDCoCompressor, TopKCompressor)
@@ -60,6 +61,7 @@ def accelerator_path(monkeypatch):
     monkeypatch.setattr(kernels, "_chunked", lambda flat: False)
     monkeypatch.setattr(kernels, "host_path", lambda flat: False)   # the CPU host path has no device
     monkeypatch.setattr(sampling, "_sorts", lambda sample: True)    # thresholds off one sort, as on a GPU
+    monkeypatch.setattr(redsync, "_resolves", lambda values: True)  # RedSync's steps resolved, as on a GPU
 
 
 @pytest.mark.parametrize("name", sorted(DOCUMENTED))

@@ -395,9 +395,14 @@ def _bisect(values, k, lo, hi, steps, tolerance):
     return lo, hi
 
 
+@pytest.mark.parametrize("resolved", [True, False], ids=["resolved", "steps"])
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("steps", [0, 1, 3, 7, 10, 11, 23])
-def test_redsync_search_equals_the_step_by_step_bisection_bit_for_bit(seed, steps):
+def test_redsync_search_equals_the_step_by_step_bisection_bit_for_bit(seed, steps, resolved, monkeypatch):
+    """Both branches (resolved together on accelerators, step by step on the CPU) give the
+    reference bisection's bounds exactly."""
+    import horovod_gravac.selection.redsync as R
+    monkeypatch.setattr(R, "_resolves", lambda values: resolved)
     g = _gen(seed)
     n = int(torch.randint(50, 20_000, (1,), generator=g))
     values = torch.distributions.Laplace(0.0, 1.0).sample((n,)).abs()
@@ -414,8 +419,12 @@ def test_redsync_search_equals_the_step_by_step_bisection_bit_for_bit(seed, step
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (k, tolerance, got, want)
 
 
-def test_redsync_search_launches_far_fewer_operations_than_its_steps():
+def test_redsync_search_launches_far_fewer_operations_than_its_steps(monkeypatch):
+    """On accelerators (where each operation is a kernel launch) the steps are resolved together."""
     from torch.utils._python_dispatch import TorchDispatchMode
+    import horovod_gravac.selection.redsync as R
+    assert not R._resolves(torch.zeros(1)) and R._resolves(torch.zeros(1, device="meta"))
+    monkeypatch.setattr(R, "_resolves", lambda values: True)
 
     class Ops(TorchDispatchMode):
         n = 0

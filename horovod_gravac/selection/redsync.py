@@ -36,11 +36,11 @@ follows.
 
 The steps are a fixed number of tensor operations with no host synchronisation
 (the "done" state is carried in the bounds: once within tolerance ``lo = hi = mid``).
-They are resolved together rather than one by one: every midpoint the steps could
-visit is counted in one ``bucketize`` pass, and the bisection's outcome is read off the
-counts, bit for bit the same (:func:`redsync_search`).  On a GPU the kernel launches, not
-the arithmetic, set the search's time: 7 steps took 99 tensor operations one by one, 38
-together.
+On accelerators they are resolved together rather than one by one: every midpoint the
+steps could visit is counted with one sort and one ``searchsorted``, and the bisection's
+outcome is read off the counts, bit for bit the same (:func:`redsync_search`).  On a GPU the
+kernel launches, not the arithmetic, set the search's time: 7 steps took 99 tensor
+operations one by one, 38 together.  The CPU keeps the steps (the sort costs more there).
 
 Host synchronisations per ``select``: two (the candidate ``nonzero`` and the final
 ``nonzero`` over the candidates); one at low CFs.
@@ -90,12 +90,14 @@ def redsync_search(values: torch.Tensor, k: int, lo: torch.Tensor, hi: torch.Ten
     Returns the final bounds ``(lo, hi)``; the threshold is ``lo`` (keep ``values > lo``):
     ``mid`` when done, else the highest bound known to keep more than ``k``.
 
-    The steps are not taken one by one: every midpoint that ``m`` steps could visit is made
-    at once (``2^m - 1`` of them, by the same ``(a + b) * 0.5`` as the steps, so bit for bit
-    the same values), all are counted with one ``searchsorted`` in the sorted values, and the
-    steps' outcome is read off the counts (:func:`_walk`).  A step costs about 14 tensor
-    operations, each a kernel launch on a GPU; here ``m`` steps cost one sort and about
-    ``2 m + 24``.  Rounds of up to ``_LEVELS_PER_ROUND`` steps.  No host synchronisation.
+    On accelerators the steps are not taken one by one: every midpoint that ``m`` steps
+    could visit is made at once (``2^m - 1`` of them, by the same ``(a + b) * 0.5`` as the
+    steps, so bit for bit the same values), all are counted with one ``searchsorted`` in the
+    sorted values, and the steps' outcome is read off the counts (:func:`_walk`).  A step
+    costs about 14 tensor operations, each a kernel launch on a GPU; there ``m`` steps cost
+    one sort and about ``2 m + 24``.  On the CPU, where an operation costs what it computes,
+    the steps are taken one by one (the sort cost 2.4-2.6x the steps at CF 10).  Both give
+    the same bounds.  No host synchronisation.
     """
     few, many = k * (1.0 - tolerance), k * (1.0 + tolerance)
     lo = lo.to(values.dtype)
@@ -103,12 +105,31 @@ def redsync_search(values: torch.Tensor, k: int, lo: torch.Tensor, hi: torch.Ten
     if steps <= 0:
         return lo, hi
     # NaN is never above a threshold (as in the native search); magnitudes are >= 0.
-    ordered = torch.sort(torch.nan_to_num(values, nan=0.0)).values
+    values = torch.nan_to_num(values, nan=0.0)
+    if not _resolves(values):
+        scratch = torch.empty_like(values)
+        for _ in range(steps):
+            mid = (lo + hi) * 0.5
+            # count of values > mid: sub, clamp, sign, sum (cheaper than count_nonzero(values > mid))
+            count = torch.sub(values, mid, out=scratch).clamp_(min=0).sign_().sum()
+            too_few = count < few
+            too_many = count > many
+            done = ~(too_few | too_many)
+            hi = torch.where(too_few | done, mid, hi)
+            lo = torch.where(too_many | done, mid, lo)
+        return lo, hi
+    ordered = torch.sort(values).values
     while steps > 0:
         levels = min(steps, _LEVELS_PER_ROUND)
         steps -= levels
         lo, hi = _walk(ordered, few, many, lo, hi, levels)
     return lo, hi
+
+
+def _resolves(values: torch.Tensor) -> bool:
+    """Whether :func:`redsync_search` resolves its steps together (accelerators) or takes them
+    one by one (CPU).  (Tests patch it to run either branch.)"""
+    return values.device.type != "cpu"
 
 
 # Steps resolved per round of redsync_search: a grid of 2^10 + 1 points.
