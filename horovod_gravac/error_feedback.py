@@ -28,6 +28,18 @@ from typing import Dict, Iterable, Optional, Tuple
 import torch
 
 
+def add_into_slices(buf: torch.Tensor, grads: Iterable[Optional[torch.Tensor]], offsets,
+                    alpha: float = 1.0) -> None:
+    """``buf[start:end] += alpha * g`` for each present gradient, in one multi-tensor call
+    (``torch._foreach_add_``, as torch.optim's foreach optimizers use): a bucket of a deep
+    model holds hundreds of parameters, and one ``add_`` per parameter is one kernel launch
+    each on a GPU.  The same arithmetic as the per-slice ``add_``."""
+    pairs = [(buf[start:end], g.reshape(-1)) for g, (start, end) in zip(grads, offsets) if g is not None]
+    if pairs:
+        views, flats = zip(*pairs)
+        torch._foreach_add_(list(views), list(flats), alpha=alpha)
+
+
 def save_by_name(buffers: Dict[int, torch.Tensor], buckets) -> Dict[str, torch.Tensor]:
     """Per-bucket flat buffers as ``{parameter name: copy of its slice}`` (``buckets``:
     objects with ``index``, ``names`` and ``offsets``)."""
@@ -85,17 +97,13 @@ class ErrorFeedback:
             if key in self.velocities:
                 self.velocities[key].mul_(scale)
         if self.momentum is None:
-            for g, (start, end) in zip(grads, offsets):
-                if g is not None:
-                    buf[start:end].add_(g.reshape(-1))
+            add_into_slices(buf, grads, offsets)
             return buf
         u = self.velocities.get(key)
         if u is None or u.numel() != numel:
             u = self.velocities[key] = torch.zeros(numel, dtype=torch.float32, device=device)
         u.mul_(self.momentum)
-        for g, (start, end) in zip(grads, offsets):
-            if g is not None:
-                u[start:end].add_(g.reshape(-1))
+        add_into_slices(u, grads, offsets)
         return buf.add_(u)
 
     def sent_sparse(self, key: int, indices: torch.Tensor) -> None:
@@ -208,9 +216,7 @@ class IntervalSum:
         """G += g / scale.  ``backup``: remember the sum before, for :meth:`rollback`
         (a step that every rank skips: a loss-scaler overflow)."""
         acc = self._buffer(self.sums, "sums", key, numel, device, backup)
-        for g, (s, e) in zip(grads, offsets):
-            if g is not None:
-                acc[s:e].add_(g.reshape(-1), alpha=1.0 / scale)
+        add_into_slices(acc, grads, offsets, alpha=1.0 / scale)
 
     def seed(self, key: int, owed: torch.Tensor) -> None:
         """G = ``owed`` at the start of an interval (its sums were just reset)."""
