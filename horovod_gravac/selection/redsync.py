@@ -217,8 +217,7 @@ class RedSyncSelector(ThresholdSelector):
             # Low CF: gathering >= k candidates would cost as much as the selection itself,
             # while the sample already pins every count to ~1/sqrt(hits) <= 1 %: search on
             # the sample's counts, then select once.
-            width = 2.0 * spread / hits
-            steps = min(self.max_steps, int(math.ceil(math.log2(max(width / self.tolerance, 1.0)))) + 2)
+            steps = self._steps(spread, hits)
             self.last_steps = steps
             thr, _ = redsync_search(sample, hits, floor, ceil, steps, self.tolerance)
             idx, _ = select_abs_at_least(flat, thr.clamp(min=TINY), k / n, magnitudes=False)   # sync 1
@@ -235,8 +234,7 @@ class RedSyncSelector(ThresholdSelector):
         # A sampled upper end that still keeps too many entries: search up to max instead.
         hi = torch.where(torch.count_nonzero(cand > hi) > k * (1.0 + self.tolerance), vmax, hi)
         lo = torch.minimum(lo, hi)
-        width = 2.0 * spread / max(hits, 1.0)      # relative bracket width in counts
-        steps = min(self.max_steps, int(math.ceil(math.log2(max(width / self.tolerance, 1.0)))) + 2)
+        steps = self._steps(spread, hits)
         self.last_steps = steps
         thr, _ = redsync_search(cand, k, lo, hi, steps, self.tolerance)
         keep = torch.nonzero(cand > thr).view(-1)                  # sync 2

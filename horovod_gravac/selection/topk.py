@@ -63,7 +63,7 @@ import torch
 from .. import native
 from .base import Selector
 from .payload import SparsePayload, sparse_payload
-from .sampling import DeviceGenerators, host_abs_sample, sample_rank_values
+from .sampling import DeviceGenerators, host_abs_sample, margin_rank, sample_rank_values
 
 # CPU: up to _TINY entries a plain torch.topk; up to _SMALL the threshold is the exact
 # k-th magnitude (no sampling).
@@ -124,12 +124,6 @@ def _numpy_path(values: torch.Tensor) -> bool:
 def sample_size(n: int, k: int) -> int:
     """CPU sample size for ``k`` of ``n``: balances the sample's random reads against excess candidates."""
     return min(n, max(_SAMPLE_MIN, min(_SAMPLE_MAX, int(_SAMPLE_SCALE * (k * n) ** (1.0 / 3.0)))))
-
-
-def _rank(s: int, hits: float, sigmas: float) -> int:
-    """Rank (from the top, 1-based) in a sample of ``s`` of a threshold ``sigmas`` standard
-    deviations below the k-th magnitude, when ``hits`` sampled entries are expected above it."""
-    return min(s, max(1, int(math.ceil(hits + sigmas * math.sqrt(hits) + 2.0))))
 
 
 def _kth_largest(a: np.ndarray, rank: int):
@@ -268,7 +262,7 @@ def _topk_numpy(x: np.ndarray, k: int, generator) -> Tuple[np.ndarray, Optional[
     sample = host_abs_sample(x, s, generator())   # stratified; one random draw per call
     hits = s * k / n                          # sampled entries expected above the k-th magnitude
     for sigmas in _SIGMAS:
-        rank = _rank(s, hits, sigmas)
+        rank = margin_rank(s, hits, sigmas)
         threshold = _kth_largest(sample, rank)
         if fast:
             # Candidates expected: rank / s of the tensor; room for 6 more standard deviations.
@@ -312,7 +306,7 @@ def _topk_torch(values: torch.Tensor, k: int, generator: Optional[torch.Generato
     pos = torch.randint(n, (s,), generator=generator, device=dev).to(m.device)
     sample = m.index_select(0, pos)
     hits = s * k / n
-    first, wide = sample_rank_values(sample, [_rank(s, hits, sigmas) for sigmas in _SIGMAS])
+    first, wide = sample_rank_values(sample, [margin_rank(s, hits, sigmas) for sigmas in _SIGMAS])
     enough = torch.count_nonzero(~(m < first)) >= k          # stays on the device
     threshold = torch.where(enough, first, wide)
     candidates = torch.nonzero(~(m < threshold)).view(-1)     # the host sync: the output size
