@@ -824,7 +824,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                 controller=controller, bucket_cap_mb=bucket_cap_mb,
                 check_consistency=check_consistency, momentum_correction=momentum_correction,
                 local_clip_norm=local_clip_norm, timeout_s=timeout_s,
-                overlap_consensus=overlap_consensus, nonfinite=nonfinite, grad_scaler=grad_scaler,
+                nonfinite=nonfinite, grad_scaler=grad_scaler,
                 join_safe=join_safe)
     attrs = {k: v for cls in (_ElasticSupport, _GravacDistributedOptimizer) for k, v in cls.__dict__.items()
              if k not in ("__dict__", "__weakref__")}
