@@ -20,6 +20,7 @@
 #      and SIDCo's device_fits="host" against "device" (benchmarks/sidco_device_fits.py) -> sidco_device_fits_cuda.txt
 #      and the operations behind each compress (benchmarks/compressor_profile.py) -> compressor_profile_cuda.txt
 #      and the samples' order statistics, kthvalue against sort (benchmarks/sample_order_stats.py) -> sample_order_stats_cuda.txt
+#      and the launch cuts against what they replaced (benchmarks/launch_cuts.py)      -> launch_cuts_cuda.txt
 #   5. the training harness on the GPU: ResNet101/CIFAR-10, VGG16/CIFAR-100 and LSTM/PTB at full
 #      size, 40 steps each on random data in the real formats (scripts/make_synthetic_datasets.py),
 #      GraVAC (both policies) and Accordion                              -> harness_*.txt, harness/
@@ -134,6 +135,10 @@ else
   # Why the selectors sort their samples on a GPU (CUDA's kthvalue of a 1-D tensor is one thread block).
   step "order statistics of a sample: python -m benchmarks.sample_order_stats --device cuda" \
     "$RESULTS/sample_order_stats_cuda.txt" "$PYTHON" -m benchmarks.sample_order_stats --device cuda
+  # RedSync's search resolved against step by step, the residual add per slice against
+  # foreach, compress_further against a direct compress.
+  step "launch cuts: python -m benchmarks.launch_cuts --device cuda" \
+    "$RESULTS/launch_cuts_cuda.txt" "$PYTHON" -m benchmarks.launch_cuts --device cuda
 fi
 
 # 5. the training harness on the GPU --------------------------------------------------------------

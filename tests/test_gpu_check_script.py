@@ -48,3 +48,18 @@ def test_sample_order_stats_prints_a_row_per_sample_size(capsys):
     rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["4,096", "20,000"]
     assert all(float(v) > 0 for r in rows for v in r[1:4])
+
+
+def test_launch_cuts_prints_its_three_tables(capsys):
+    from benchmarks import launch_cuts
+    import horovod_gravac.native as native
+    import horovod_gravac.selection.redsync as R
+    before = (native._MODE, R._resolves)
+    device, timed = torch.device("cpu"), launch_cuts._timer(torch.device("cpu"))
+    launch_cuts.redsync_search_paths(device, timed, 1, [70_000])
+    launch_cuts.further_vs_direct(device, timed, 1, 70_000)
+    out = capsys.readouterr().out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith("70,000")]
+    assert [r[1] for r in rows] == ["10", "100", "1000"] and all(float(r[2]) > 0 for r in rows)
+    assert sum(ln.startswith(("topk:", "dgc:", "sidco-exp:")) for ln in out.splitlines()) == 3
+    assert (native._MODE, R._resolves) == before   # the native switch and the search's branch restored
