@@ -332,7 +332,10 @@ def drive_delivered(ctrl, steps, gain, throughput, finite=lambda step: True):
 
 
 def delivered(**kw):
-    kw = {"theta_min": 10, "theta_max": 1000, "epsilon": 0.7, "window": 10, "variant": "delivered", **kw}
+    """The rules below are tested with hold_windows=0 (a rung is tried right after the trial
+    below it passed); ``test_delivered_holds_*`` test the default, 1."""
+    kw = {"theta_min": 10, "theta_max": 1000, "epsilon": 0.7, "window": 10, "variant": "delivered",
+          "hold_windows": 0, **kw}
     return GraVAC(**kw)
 
 
@@ -438,12 +441,45 @@ def test_delivered_starts_compressed_and_a_non_finite_window_end_changes_nothing
     assert 10 not in ctrl.delivered_gain or ctrl.history[0]["window_gain"] is None
 
 
+def test_delivered_holds_a_new_theta_min_for_a_window_before_trying_the_rung_above():
+    assert GraVAC(variant="delivered").hold_windows == 1
+    ctrl = delivered(hold_windows=1)
+    sent = drive_delivered(ctrl, 120, lambda cf: DELIVERED_GAINS[cf], comm_bound)
+    per_window = [min(s) for s in windows_of(sent, 10)]
+    # 10 passes (held 1 window) -> try 20 -> up, held a window -> try 40 -> up, held -> 160 fails
+    assert per_window[:6] == [10, 20, 20, 40, 40, 160]
+    assert [h["move"] for h in ctrl.history][:6] == ["try", "up", "try", "up", "try", "back"]
+    # a failed trial does not reset the hold: 160 is tried again after the backoff alone
+    assert per_window[6:12] == [40, 40, 40, 40, 160, 40]
+    assert ctrl.theta_min == 40
+
+
+def test_delivered_hold_counts_passing_windows_and_restarts_after_a_step_down():
+    state = {"gains": dict(DELIVERED_GAINS)}
+    ctrl = delivered(hold_windows=2, remeasure_windows=1)
+    sent = drive_delivered(ctrl, 80, lambda cf: state["gains"][cf], comm_bound)
+    assert [min(s) for s in windows_of(sent, 10)] == [10, 10, 20, 20, 20, 40, 40, 40]
+    state["gains"][40] = 0.5   # 160's trial fails, then theta_min 40 fails: down to 20, held 2 windows again
+    sent = drive_delivered(ctrl, 50, lambda cf: state["gains"][cf], comm_bound)
+    assert [min(s) for s in windows_of(sent, 10)] == [160, 40, 20, 20, 40]
+    assert [h["move"] for h in ctrl.history][-5:] == ["back", "down", "stay", "try", "back"]
+
+
+def test_delivered_hold_windows_is_validated_and_part_of_the_config():
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="hold_windows"):
+            GraVAC(variant="delivered", hold_windows=bad)
+    assert GraVAC(hold_windows=3).config()["hold_windows"] == 3
+    assert GraVAC(hold_windows=0).config() != GraVAC(hold_windows=1).config()   # checked across ranks
+
+
 def test_delivered_state_round_trip_continues_identically():
     gain = lambda cf: DELIVERED_GAINS[cf]
-    a, b = delivered(window=7), delivered(window=7)
-    drive_delivered(a, 45, gain, comm_bound)
+    a, b = delivered(window=7, hold_windows=2), delivered(window=7, hold_windows=2)
+    drive_delivered(a, 70, gain, comm_bound)
     b.load_state_dict(a.state_dict())
     assert b.delivered_gain == a.delivered_gain and b._retry_at == a._retry_at and b._failures == a._failures
+    assert b._held == a._held
     assert a._failures   # (160 failed: the backoff state is part of what is restored)
     assert drive_delivered(a, 60, gain, comm_bound) == drive_delivered(b, 60, gain, comm_bound)
     assert a.config()["variant"] == "delivered"
