@@ -25,15 +25,36 @@ from typing import Dict, List, Optional, Sequence, Tuple
 Key = Tuple[str, str]   # (workload, rate)
 
 
-def load(dirs: Sequence[str], labels: Sequence[str]) -> Dict[Key, Dict[str, Dict[str, Optional[float]]]]:
-    """(workload, rate) -> config -> seed label -> TTA seconds (None: never reached)."""
+def load(dirs: Sequence[str], labels: Sequence[str], column: str = "tta_s"
+         ) -> Dict[Key, Dict[str, Dict[str, Optional[float]]]]:
+    """(workload, rate) -> config -> seed label -> ``column`` of results.csv (TTA seconds by
+    default; None: never reached, or the column is absent from that seed's results)."""
     out: Dict[Key, Dict[str, Dict[str, Optional[float]]]] = defaultdict(lambda: defaultdict(dict))
     for d, label in zip(dirs, labels):
         with open(os.path.join(d, "results.csv")) as f:
             for row in csv.DictReader(f):
-                tta = row.get("tta_s") or ""
-                out[(row["workload"], row["rate"])][row["config"]][label] = float(tta) if tta else None
+                v = row.get(column) or ""
+                out[(row["workload"], row["rate"])][row["config"]][label] = float(v) if v else None
     return out
+
+
+def late_table(data, configs: Sequence[str]) -> str:
+    """Mean over seeds of each configuration's last-evaluations quality against dense's
+    (``late_vs_dense`` of benchmarks.adaptivity), with its per-seed values."""
+    seeds = sorted({s for runs in data.values() for c in runs.values() for s in c})
+    lines = [f"Last evaluations against dense's (mean of the last 4 evaluations, by seed {', '.join(seeds)}, "
+             "then their mean): accuracy in pp, language model in % of perplexity (positive = lower); "
+             "negative is worse than dense.", ""]
+    header = ["workload", "rate", *configs]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (w, rate) in sorted(data):
+        cells = [w, rate]
+        for c in configs:
+            vals = {s: v for s, v in data[(w, rate)].get(c, {}).items() if v is not None}
+            cells.append(" / ".join(f"{vals[s]:+.1f}" for s in seeds if s in vals)
+                         + f" (mean {statistics.mean(vals.values()):+.2f})" if vals else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def head_to_head(a: Dict[str, Optional[float]], b: Dict[str, Optional[float]]) -> Optional[Tuple[int, int]]:
@@ -89,7 +110,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     dirs, labels = args.dirs.split(","), args.labels.split(",")
     if len(dirs) != len(labels):
         p.error("--dirs and --labels need the same number of entries")
-    text = table(load(dirs, labels), args.configs.split(","), args.a, args.b)
+    configs = args.configs.split(",")
+    text = table(load(dirs, labels), configs, args.a, args.b)
+    late = load(dirs, labels, "late_vs_dense")
+    if any(v is not None for runs in late.values() for c in runs.values() for v in c.values()):
+        text += "\n" + late_table(late, configs)
     print(text, end="")
     if args.out:
         with open(args.out, "w") as f:

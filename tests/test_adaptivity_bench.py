@@ -143,3 +143,32 @@ def test_plots_without_a_dense_run_draw_no_target(tmp_path):
                                                      "evals": [{"step": 4, "accuracy": 0.9}]}}}
     made = A.plots(runs, [], str(tmp_path), "gravac-delivered-exp-topk-eps0.7")
     assert any(m.endswith("accuracy_vs_time.png") for m in made)
+
+
+def test_last_evaluations_are_compared_with_dense_in_pp_and_in_perplexity_percent(monkeypatch):
+    monkeypatch.setattr(A, "LATE_EVALS", 2)
+    runs = {"dense": fake_run([1] * 8, [90, 95, 98, 99]),            # last two: mean 98.5
+            "topk-cf10": fake_run([10] * 8, [90, 99, 97, 97.5])}    # last two: mean 97.25
+    rows = {r["config"]: r for r in A.analyse("digits", "1gbit", runs, None, ARGS)}
+    assert rows["topk-cf10"]["late"] == pytest.approx(97.25)
+    assert rows["topk-cf10"]["late_vs_dense"] == pytest.approx(-1.25) and rows["dense"]["late_vs_dense"] == 0.0
+
+    def lm(ppls):
+        r = fake_run([1] * 4, [0, 0])
+        r["evals"] = [{"step": 2 * (i + 1), "perplexity": p} for i, p in enumerate(ppls)]
+        return r
+    rows = {r["config"]: r for r in A.analyse("tinylstm-pydoc", "1gbit",
+                                              {"dense": lm([100, 100]), "topk-cf10": lm([110, 90])},
+                                              None, ARGS)}
+    assert rows["topk-cf10"]["late_vs_dense"] == pytest.approx(0.0)
+    rows = {r["config"]: r for r in A.analyse("tinylstm-pydoc", "1gbit",
+                                              {"dense": lm([100, 100]), "topk-cf10": lm([104, 106])},
+                                              None, ARGS)}
+    assert rows["topk-cf10"]["late_vs_dense"] == pytest.approx(-5.0)   # 5 % higher perplexity: worse
+
+
+def test_delivered_configurations_name_their_hold_windows():
+    for name, (_, flags) in A.CONFIGS.items():
+        if "--variant" in flags and flags[flags.index("--variant") + 1] == "delivered":
+            hold = flags[flags.index("--hold-windows") + 1]
+            assert hold == ("1" if name.endswith("-hold1") else "0"), name

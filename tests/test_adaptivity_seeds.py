@@ -36,3 +36,23 @@ def test_speedup_counts_misses():
     assert S.speedup(20.0, None) == 0.0
     assert S.speedup(None, 10.0) == float("inf")
     assert S.speedup(None, None) is None
+
+
+def test_late_table_gives_the_mean_over_seeds_of_the_last_evaluations_against_dense(tmp_path):
+    def results(path, rows):
+        path.mkdir()
+        with open(path / "results.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, ["workload", "rate", "config", "tta_s", "late_vs_dense"])
+            w.writeheader()
+            for config, late in rows:
+                w.writerow({"workload": "cnn", "rate": "100mbit", "config": config, "tta_s": 1.0,
+                            "late_vs_dense": "" if late is None else late})
+        return str(path)
+    d1 = results(tmp_path / "s1", [("a", -1.0), ("b", 0.5)])
+    d2 = results(tmp_path / "s2", [("a", -0.5), ("b", None)])
+    text = S.late_table(S.load([d1, d2], ["1", "2"], "late_vs_dense"), ["a", "b"])
+    row = next(line for line in text.splitlines() if line.startswith("| cnn"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "-1.0 / -0.5 (mean -0.75)" and cells[3] == "+0.5 (mean +0.50)"
+    # older results without the column: no late table
+    assert S.load([_results(tmp_path / "old", [("a", 3.0)])], ["1"], "late_vs_dense")[("cnn", "100mbit")]["a"] == {"1": None}
