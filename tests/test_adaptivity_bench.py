@@ -16,6 +16,13 @@ def fake_run(cfs, accs, step_s=0.1, every=2):
 ARGS = argparse.Namespace(tolerance_pp=0.5, tolerance_ppl=0.02)
 
 
+def lm(ppls):
+    """A language-model run: 4 steps, one perplexity evaluation every 2."""
+    r = fake_run([1] * 4, [0, 0])
+    r["evals"] = [{"step": 2 * (i + 1), "perplexity": p} for i, p in enumerate(ppls)]
+    return r
+
+
 def test_time_to_accuracy_and_ratios_with_measured_times():
     runs = {"dense": fake_run([1] * 8, [90, 95, 98, 98], step_s=0.4),
             "topk-cf10": fake_run([10] * 8, [90, 97.6, 98, 98], step_s=0.2),
@@ -41,10 +48,6 @@ def test_fixed_configurations_are_timed_by_the_cf_each_step_sent():
 
 
 def test_language_model_target_is_relative_perplexity():
-    def lm(ppls):
-        r = fake_run([1] * 4, [0, 0])
-        r["evals"] = [{"step": 2 * (i + 1), "perplexity": p} for i, p in enumerate(ppls)]
-        return r
     rows = {r["config"]: r for r in A.analyse("tinylstm-pydoc", "1gbit",
                                               {"dense": lm([120, 100]), "topk-cf10": lm([101.9, 99])},
                                               None, ARGS)}
@@ -153,10 +156,6 @@ def test_last_evaluations_are_compared_with_dense_in_pp_and_in_perplexity_percen
     assert rows["topk-cf10"]["late"] == pytest.approx(97.25)
     assert rows["topk-cf10"]["late_vs_dense"] == pytest.approx(-1.25) and rows["dense"]["late_vs_dense"] == 0.0
 
-    def lm(ppls):
-        r = fake_run([1] * 4, [0, 0])
-        r["evals"] = [{"step": 2 * (i + 1), "perplexity": p} for i, p in enumerate(ppls)]
-        return r
     rows = {r["config"]: r for r in A.analyse("tinylstm-pydoc", "1gbit",
                                               {"dense": lm([100, 100]), "topk-cf10": lm([110, 90])},
                                               None, ARGS)}
