@@ -467,6 +467,12 @@ class GraVAC(Controller):
     def _may_try(self, cf: float) -> bool:
         return self.throughput.windows >= self._retry_at.get(cf, 0)
 
+    def _may_climb(self) -> bool:
+        """Try the rung above theta_min now?  There is one, its backoff is over, and theta_min
+        has been held long enough (with ``hold_windows`` 0: right after it was adopted)."""
+        return self.candidate_cf > self.theta_min and self._may_try(self.candidate_cf) \
+            and self._held >= self.hold_windows
+
     def _failed(self, cf: float, this_window: int) -> None:
         n = self._failures.get(cf, 0) + 1
         self._failures[cf] = n
@@ -501,7 +507,7 @@ class GraVAC(Controller):
         elif sent == base:
             self._failures.pop(base, None)
             self._held += 1
-            if cand > base and self._may_try(cand) and self._held >= self.hold_windows:
+            if self._may_climb():
                 send, move = cand, "try"
         elif sent == cand:
             t = self.throughput.compression
@@ -511,8 +517,7 @@ class GraVAC(Controller):
                 self.candidate_cf = self._rung_above(cand)
                 self._held = 0
                 send, move = self.theta_min, "up"
-                if self.candidate_cf > self.theta_min and self._may_try(self.candidate_cf) \
-                        and self.hold_windows == 0:
+                if self._may_climb():
                     send = self.candidate_cf   # theta_min was just measured: try the next rung now
             else:
                 self._failed(cand, this_window)
