@@ -252,8 +252,8 @@ def analyse(workload: str, rate: str, runs: Dict[str, dict], timings: Optional[D
     dense = runs.get("dense")
     if dense is None:
         return []
-    dense_final = score(dense["evals"], metric)[-1]
-    dense_late = statistics.mean(score(dense["evals"], metric)[-LATE_EVALS:])
+    dense_scores = score(dense["evals"], metric)
+    dense_final, dense_late = dense_scores[-1], statistics.mean(dense_scores[-LATE_EVALS:])
     target = dense_final * (1 + args.tolerance_ppl) if metric == "perplexity" else dense_final - args.tolerance_pp
     rows = []
     for name, run_ in runs.items():

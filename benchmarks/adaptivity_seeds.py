@@ -22,6 +22,8 @@ import sys
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from benchmarks.adaptivity import LATE_EVALS
+
 Key = Tuple[str, str]   # (workload, rate)
 
 
@@ -42,7 +44,8 @@ def late_table(data, configs: Sequence[str]) -> str:
     """Mean over seeds of each configuration's last-evaluations quality against dense's
     (``late_vs_dense`` of benchmarks.adaptivity), with its per-seed values."""
     seeds = sorted({s for runs in data.values() for c in runs.values() for s in c})
-    lines = [f"Last evaluations against dense's (mean of the last 4 evaluations, by seed {', '.join(seeds)}, "
+    lines = [f"Last evaluations against dense's (mean of the last {LATE_EVALS} evaluations, by seed "
+             f"{', '.join(seeds)}, "
              "then their mean): accuracy in pp, language model in % of perplexity (positive = lower); "
              "negative is worse than dense.", ""]
     header = ["workload", "rate", *configs]
