@@ -17,29 +17,16 @@ Each figure is the median wall time of ``--repeats`` calls between device synchr
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from benchmarks.compressors import COMPRESSORS, make_input
+from benchmarks.sample_order_stats import median_ms
 
 
 def _timer(device):
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-    def timed(fn, repeats):
-        for _ in range(2):
-            fn()
-        times = []
-        for _ in range(repeats):
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times) * 1e3
-    return timed
+    """``timed(fn, repeats)``: median ms of ``fn`` on ``device`` after two warm-up calls."""
+    return lambda fn, repeats: median_ms(fn, device, repeats, warmup=2)
 
 
 def redsync_search_paths(device, timed, repeats, sizes):

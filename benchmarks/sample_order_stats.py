@@ -18,9 +18,11 @@ import time
 import torch
 
 
-def _timed(fn, device, repeats):
+def median_ms(fn, device, repeats, warmup=3):
+    """Median wall time of ``fn()`` in ms over ``repeats`` calls after ``warmup`` calls; on a
+    GPU each call is timed between two synchronizations (its kernels, not their launch)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(3):
+    for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
@@ -47,9 +49,9 @@ def main(argv=None) -> int:
     for s in (int(x) for x in args.sizes.split(",")):
         x = torch.rand(s, generator=g, device=device)
         r1, r2 = max(1, s // 100), max(1, s // 80)
-        kth = _timed(lambda: [torch.kthvalue(x, s - r + 1).values for r in (r1, r2)], device, args.repeats)
-        srt = _timed(lambda: (lambda o: [o[s - r1], o[s - r2]])(torch.sort(x).values), device, args.repeats)
-        top = _timed(lambda: torch.topk(x, r2, sorted=False).values.min(), device, args.repeats)
+        kth = median_ms(lambda: [torch.kthvalue(x, s - r + 1).values for r in (r1, r2)], device, args.repeats)
+        srt = median_ms(lambda: (lambda o: [o[s - r1], o[s - r2]])(torch.sort(x).values), device, args.repeats)
+        top = median_ms(lambda: torch.topk(x, r2, sorted=False).values.min(), device, args.repeats)
         print(f"{s:>9,} {kth:>12.3f} {srt:>13.3f} {top:>14.3f} {kth / srt:>8.1f}x", flush=True)
     return 0
 
