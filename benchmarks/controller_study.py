@@ -7,8 +7,9 @@ Not a timing benchmark.  It replays ``benchmarks/adaptivity.py``'s two heavy wor
 simulated in one process: each computes its gradient on its own batch of 32, keeps its own
 error-feedback residual, and sends exact Top-k of one flat bucket at the CF the controller
 decided; the update is the mean of what was sent.  The real controller (``GraVAC``,
-``StaticCF``) is fed the statistics the optimizer gives it (window sums for ``"delivered"``,
-the paper's per-step gains of theta_min and of the multi-level candidate otherwise).  Step
+``StaticCF``) is fed the statistics it decides from (window sums for ``"delivered"``, the
+paper's per-step gains of theta_min and of the multi-level candidate for ``"paper"`` and
+``"ladder"``; under ``"delivered"`` the per-step gains in its history read 0).  Step
 time is modelled, ``a + b / CF`` ms (dense: ``d``), fitted to the committed adaptivity medians
 at 100 Mbit/s, with +-10 % noise, so ``"delivered"``'s throughput comparisons have something
 to compare.  The point is accuracy: what a rule's CF choices do to the model, per seed.
@@ -92,6 +93,9 @@ def simulate(workload: str, spec: str, seed: int, steps: int = 300, window: int 
     jitter = random.Random(seed)
     perm, pos = torch.randperm(len(data.train_y), generator=order), 0
     a, b, dense_ms = w["cost"]
+    # Only the paper's and the ladder's rules decide from the per-step gains; static CFs and
+    # "delivered" (which decides from the window sums) are spared a Top-k per worker and step.
+    paper_gains = isinstance(ctrl, GraVAC) and not ctrl.tracks_delivery
     seconds, evals, sent_cfs = 0.0, [], []
     for step in range(1, steps + 1):
         if step == lr_drop_after + 1:
@@ -111,7 +115,7 @@ def simulate(workload: str, spec: str, seed: int, steps: int = 300, window: int 
             grad = torch.cat([p.grad.reshape(-1) for p in params])
             acc = residual[r] + grad
             ef_sq += float(acc @ acc) / WORKERS
-            if d.theta_min > DENSE:   # the paper's gains: theta_min, and the candidate from its payload
+            if paper_gains and d.theta_min > DENSE:   # theta_min's gain, the candidate's from its payload
                 top = acc.abs().topk(max(1, int(n / d.theta_min))).values
                 min_sq += float(top @ top) / WORKERS
                 k = max(1, int(n / max(d.candidate_cf, d.theta_min)))
