@@ -3,9 +3,10 @@
     .venv/bin/python -m benchmarks.launch_cuts                      # CPU (the torch path: native kernels off)
     python -m benchmarks.launch_cuts --device cuda                  # on a GPU
 
-1. RedSync's search: its steps resolved together (one sort, one ``searchsorted``; what
-   accelerators run) against the steps one by one (what the CPU runs), on the torch path of
-   RedSync's compress (native kernels switched off), interleaved.
+1. RedSync's search: its steps run on the host from one sort of the candidates and one copy
+   of five scalars (what accelerators run) against the steps one by one as tensor operations
+   (what the CPU runs), on the torch path of RedSync's compress (native kernels switched off),
+   interleaved.
 2. The residual add of error feedback: one ``add_`` per parameter against one
    ``torch._foreach_add_`` (``error_feedback.add_into_slices``), over ResNet101's 314
    gradient tensors (42.5M entries).
@@ -32,7 +33,7 @@ def _timer(device):
 def redsync_search_paths(device, timed, repeats, sizes):
     import horovod_gravac.native as native
     import horovod_gravac.selection.redsync as R
-    print("\n## 1. RedSync compress on the torch path: search resolved together against step by step (ms)")
+    print("\n## 1. RedSync compress on the torch path: search on the host ('resolved') against step by step (ms)")
     print(f"{'entries':>11} {'CF':>5} {'resolved':>9} {'steps':>9} {'ratio':>7}")
     previous, real = native.use("off"), R._resolves
     try:

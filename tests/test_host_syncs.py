@@ -92,6 +92,50 @@ def test_decompress_does_not_sync():
     assert c.total == 0, dict(c.ops)
 
 
+def test_redsync_copies_its_search_to_the_host_once_and_launches_few_ops(accelerator_path, monkeypatch):
+    """On accelerators RedSync's search runs on the host from one copy of five scalars (the
+    bracket and two order statistics of the sorted candidates): one copy and two ``nonzero``
+    per call, and about as many tensor operations as DGC, not a dozen per search step."""
+    import horovod_gravac.native as native
+    fetched = []
+    real = redsync._fetch
+    monkeypatch.setattr(redsync, "_fetch", lambda *a: fetched.append(len(a)) or real(*a))
+    previous = native.use("off")   # the torch ops a GPU would run (no native select pass)
+    try:
+        for numel in (300_000, 1_200_000):
+            t = torch.distributions.Laplace(0.0, 1.0).sample((numel,))
+            for cf in (10, 100, 1000):
+                comp = RedSyncCompressor(cf)
+                comp.compress(t)   # warm-up: the first call makes the sample's strata (kept after)
+                fetched.clear()
+                with Launches() as c:
+                    payload, _ = comp.compress(t)
+                assert len(fetched) <= 1 and c.syncs <= 2, (numel, cf, fetched, dict(c.ops))
+                assert c.launches <= 24, (numel, cf, c.launches, dict(c.ops))
+                assert 0.8 <= payload.values.numel() * cf / numel <= 1.25
+    finally:
+        native.use(previous)
+
+
+class Launches(SyncCounter):
+    """Operations that launch work (views and host-tensor wrapping launch nothing), and syncs."""
+
+    FREE = {"aten::detach", "aten::lift_fresh", "aten::alias"}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func._schema.name not in self.FREE:
+            self.ops["launch"] += 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    @property
+    def launches(self):
+        return self.ops["launch"]
+
+    @property
+    def syncs(self):
+        return self.total - self.ops["launch"]
+
+
 # -- SIDCo's device_fits="host": copies to the host instead of device-side fits ------------------
 @pytest.mark.parametrize("dist", ["exponential", "gpareto", "gamma"])
 def test_sidco_host_fits_copy_at_most_twice_and_launch_few_ops(dist, accelerator_path, monkeypatch):

@@ -34,16 +34,20 @@ as much as the final selection, while the sample's counts are already within ~1 
 the exact ones; there the search counts on the sample (scaled) and one selection pass
 follows.
 
-The steps are a fixed number of tensor operations with no host synchronisation
-(the "done" state is carried in the bounds: once within tolerance ``lo = hi = mid``).
-On accelerators they are resolved together rather than one by one: every midpoint the
-steps could visit is counted with one sort and one ``searchsorted``, and the bisection's
-outcome is read off the counts, bit for bit the same (:func:`redsync_search`).  On a GPU the
-kernel launches, not the arithmetic, set the search's time: 7 steps took 99 tensor
-operations one by one, 38 together.  The CPU keeps the steps (the sort costs more there).
+On the CPU's torch path the steps are a fixed number of tensor operations with no host
+synchronisation (the "done" state is carried in the bounds: once within tolerance
+``lo = hi = mid``).  On accelerators, where kernel launches and not arithmetic set the time, the
+candidates are sorted once and the steps run on the host (:func:`redsync_search`): two order
+statistics of the sorted values decide every step's count exactly, so one copy of five scalars
+(the bracket, the maximum and those two) replaces about 14 launches per step, and the bounds are
+the same bit for bit.  On an H100 RedSync went from 2.4-3.3x to 1.2-1.7x exact Top-k's time at
+bucket sizes (``benchmarks/results/gpu_h100/``).  (An earlier version resolved the steps on the
+device, counting every midpoint they could visit with one ``searchsorted``: 38 operations for 7
+steps, no copy, and still 2.1-3.2x Top-k.)
 
-Host synchronisations per ``select``: two (the candidate ``nonzero`` and the final
-``nonzero`` over the candidates); one at low CFs.
+Host synchronisations per ``select``: on the CPU's torch path two (the candidate ``nonzero``
+and the final ``nonzero`` over the candidates), one at low CFs; on accelerators one more, the
+copy of the search's scalars.
 
 CPU host path (float32 with the native kernels): the same steps with host scalars.  The
 sample is the size Top-k's CPU path uses, ``(k n)^(1/3)`` clamped to 2048-65536 (a
@@ -90,14 +94,13 @@ def redsync_search(values: torch.Tensor, k: int, lo: torch.Tensor, hi: torch.Ten
     Returns the final bounds ``(lo, hi)``; the threshold is ``lo`` (keep ``values > lo``):
     ``mid`` when done, else the highest bound known to keep more than ``k``.
 
-    On accelerators the steps are not taken one by one: every midpoint that ``m`` steps
-    could visit is made at once (``2^m - 1`` of them, by the same ``(a + b) * 0.5`` as the
-    steps, so bit for bit the same values), all are counted with one ``searchsorted`` in the
-    sorted values, and the steps' outcome is read off the counts (:func:`_walk`).  A step
-    costs about 14 tensor operations, each a kernel launch on a GPU; there ``m`` steps cost
-    one sort and about ``2 m + 24``.  On the CPU, where an operation costs what it computes,
-    the steps are taken one by one (the sort cost 2.4-2.6x the steps at CF 10).  Both give
-    the same bounds.  No host synchronisation.
+    On the CPU the steps run as tensor operations, one by one: no host synchronisation.  On
+    accelerators, where every operation is a kernel launch and launches, not arithmetic, set
+    the time (a step is about 14 of them), the values are sorted once and the steps run on
+    the host (:func:`_bisect_on_host`) from two of their order statistics, which decide every
+    step's count exactly: one sort, one copy of four scalars (a host synchronisation) and no
+    launch per step.  Both give the same bounds, bit for bit; on accelerators they come back
+    as 0-dim CPU tensors (a device operation takes them as scalars, with no copy).
     """
     few, many = k * (1.0 - tolerance), k * (1.0 + tolerance)
     lo = lo.to(values.dtype)
@@ -106,72 +109,102 @@ def redsync_search(values: torch.Tensor, k: int, lo: torch.Tensor, hi: torch.Ten
         return lo, hi
     # NaN is never above a threshold (as in the native search); magnitudes are >= 0.
     values = torch.nan_to_num(values, nan=0.0)
-    if not _resolves(values):
-        scratch = torch.empty_like(values)
-        for _ in range(steps):
-            mid = (lo + hi) * 0.5
-            # count of values > mid: sub, clamp, sign, sum (cheaper than count_nonzero(values > mid))
-            count = torch.sub(values, mid, out=scratch).clamp_(min=0).sign_().sum()
-            too_few = count < few
-            too_many = count > many
-            done = ~(too_few | too_many)
-            hi = torch.where(too_few | done, mid, hi)
-            lo = torch.where(too_many | done, mid, lo)
-        return lo, hi
-    ordered = torch.sort(values).values
-    while steps > 0:
-        levels = min(steps, _LEVELS_PER_ROUND)
-        steps -= levels
-        lo, hi = _walk(ordered, few, many, lo, hi, levels)
+    if _resolves(values):
+        lo, hi, above_many, above_few = _fetch(torch.sort(values).values, few, many, lo, hi)
+        return _as_scalars(_bisect_on_host(lo, hi, above_many, above_few, steps, values.dtype), values.dtype)
+    scratch = torch.empty_like(values)
+    for _ in range(steps):
+        mid = (lo + hi) * 0.5
+        # count of values > mid: sub, clamp, sign, sum (cheaper than count_nonzero(values > mid))
+        count = torch.sub(values, mid, out=scratch).clamp_(min=0).sign_().sum()
+        too_few = count < few
+        too_many = count > many
+        done = ~(too_few | too_many)
+        hi = torch.where(too_few | done, mid, hi)
+        lo = torch.where(too_many | done, mid, lo)
     return lo, hi
 
 
 def _resolves(values: torch.Tensor) -> bool:
-    """Whether :func:`redsync_search` resolves its steps together (accelerators) or takes them
-    one by one (CPU).  (Tests patch it to run either branch.)"""
+    """Whether :func:`redsync_search` runs its steps on the host from sorted values
+    (accelerators) or as tensor operations one by one (CPU).  (Tests patch it to run either
+    branch.)"""
     return values.device.type != "cpu"
 
 
-# Steps resolved per round of redsync_search: a grid of 2^10 + 1 points.
-_LEVELS_PER_ROUND = 10
-_COARSENESS: Dict[Tuple[int, str], torch.Tensor] = {}
+def _fetch(ordered: torch.Tensor, few: float, many: float, *scalars: torch.Tensor) -> list:
+    """``scalars`` and the two order statistics that decide every count of the bisection, as
+    host numbers of ``ordered``'s dtype, in one copy (the one host synchronisation).
+
+    ``ordered`` holds the values sorted ascending (``m`` of them).  For any threshold ``t``,
+    ``#(values > t) > many`` exactly when ``t`` lies below the ``(floor(many) + 1)``-th largest
+    value (``above_many``), and ``#(values > t) < few`` exactly when ``t`` is at or above the
+    ``ceil(few)``-th largest (``above_few``).  Ranks outside ``1..m`` stand for -inf (never
+    too many; always too few) or +inf (never too few)."""
+    m = ordered.numel()
+    many_rank, few_rank = math.floor(many) + 1, math.ceil(few)
+    picks = [t.to(ordered.device, ordered.dtype).reshape(()) for t in scalars]
+    picks += [ordered[m - min(many_rank, m)], ordered[m - min(max(few_rank, 1), m)]]
+    host = torch.stack(picks).cpu().tolist()
+    if many_rank > m:
+        host[-2] = -math.inf
+    if few_rank <= 0:
+        host[-1] = math.inf
+    elif few_rank > m:
+        host[-1] = -math.inf
+    return host
 
 
-def _coarseness(size: int, device) -> torch.Tensor:
-    """``j & -j`` for ``j = 1..size-1`` (the lowest set bit: larger on coarser levels), kept per device."""
-    key = (size, str(device))
-    if key not in _COARSENESS:
-        j = torch.arange(1, size, device=device)
-        _COARSENESS[key] = j & -j
-    return _COARSENESS[key]
+def _bisect_on_host(lo: float, hi: float, above_many: float, above_few: float, steps: int,
+                    dtype: torch.dtype = torch.float32) -> Tuple[float, float]:
+    """:func:`redsync_search`'s steps on host numbers: ``too many`` is ``mid < above_many``,
+    ``too few`` is ``mid >= above_few`` (see :func:`_fetch`).  The midpoints are rounded to
+    ``dtype`` as the device computes them, so the bounds are the device's bit for bit."""
+    rounded = _ROUNDING.get(dtype)
+    if rounded is None:   # no NumPy scalar type rounds like it: 0-dim CPU tensors (slower)
+        rounded = lambda v, dt=dtype: torch.tensor(v, dtype=dt)   # noqa: E731
+    lo, hi, half = rounded(lo), rounded(hi), rounded(0.5)
+    for _ in range(steps):
+        mid = (lo + hi) * half
+        if mid < above_many:      # too many kept: raise the threshold
+            lo = mid
+        elif mid >= above_few:    # too few kept: lower it
+            hi = mid
+        else:                     # within tolerance (or NaN): done
+            lo = hi = mid
+            break
+    return float(lo), float(hi)
 
 
-def _walk(ordered: torch.Tensor, few: float, many: float, lo: torch.Tensor, hi: torch.Tensor,
-          levels: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``levels`` steps of :func:`redsync_search`'s bisection over the sorted values, resolved together."""
-    size = 1 << levels
-    grid = torch.empty(size + 1, dtype=ordered.dtype, device=ordered.device)
-    grid[0], grid[size] = lo, hi
-    half = size // 2
-    while half:   # the midpoints each further step could visit, coarsest first
-        torch.add(grid[:-half:2 * half], grid[2 * half::2 * half], out=grid[half::2 * half]).mul_(0.5)
-        half //= 2
-    # #(values > grid[j]) for the interior points j = 1..size-1, from the sorted values
-    # (a histogram by atomic adds was slower on a GPU: the values crowd into a few bins)
-    at_or_below = torch.searchsorted(ordered, grid[1:size], right=True)
-    above = ordered.numel() - at_or_below
-    too_many, too_few = above > many, above < few
-    done = ~(too_many | too_few)
-    # Counts fall as j grows: too many, then done, then too few.  The bisection stops at the
-    # first done point it visits: the one of the coarsest level (most trailing zero bits of j).
-    coarseness = _coarseness(size, ordered.device)
-    stop = torch.where(done, coarseness, torch.zeros_like(coarseness)).argmax() + 1
-    last_many = too_many.sum()                                # grid index of the last too-many point
-    first_few = last_many + done.sum() + 1                    # ... of the first too-few point
-    # (index_select: indexing with a 0-dim tensor would read it on the host)
-    picked = grid.index_select(0, torch.stack([stop, last_many, first_few]))
-    any_done = done.any()
-    return torch.where(any_done, picked[0], picked[1]), torch.where(any_done, picked[0], picked[2])
+_ROUNDING = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _as_scalars(bounds: Tuple[float, float], dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    return tuple(torch.tensor(b, dtype=dtype) for b in bounds)
+
+
+def _bracketed_search(cand: torch.Tensor, k: int, floor: torch.Tensor, ceil: torch.Tensor, steps: int,
+                      tolerance: float) -> torch.Tensor:
+    """The threshold of RedSync's search over the candidates (every entry ``>= floor``):
+    on ``[floor, min(max, ceil)]``, or up to ``max`` when the sampled ``ceil`` still keeps too
+    many.  On accelerators the bracket is settled on the host together with the steps, from
+    the same one copy as :func:`redsync_search`'s (five scalars instead of four)."""
+    few, many = k * (1.0 - tolerance), k * (1.0 + tolerance)
+    if _resolves(cand):
+        ordered = torch.sort(cand).values   # (no NaN among them: |NaN| >= floor is false)
+        floor, ceil, vmax, above_many, above_few = _fetch(ordered, few, many, floor, ceil, ordered[-1])
+        hi = min(vmax, ceil)
+        if hi < above_many:   # #(cand > hi) > many: the sampled upper end keeps too many
+            hi = vmax
+        lo = min(floor, hi)
+        return _as_scalars(_bisect_on_host(lo, hi, above_many, above_few, steps, cand.dtype), cand.dtype)[0]
+    vmax = cand.max()
+    lo = floor.to(cand.dtype)
+    hi = torch.minimum(vmax, ceil.to(cand.dtype))
+    # A sampled upper end that still keeps too many entries: search up to max instead.
+    hi = torch.where(torch.count_nonzero(cand > hi) > many, vmax, hi)
+    lo = torch.minimum(lo, hi)
+    return redsync_search(cand, k, lo, hi, steps, tolerance)[0]
 
 
 class RedSyncSelector(ThresholdSelector):
@@ -187,7 +220,8 @@ class RedSyncSelector(ThresholdSelector):
         max_steps: upper bound on binary-search steps.
         seed: seed of the private per-device generators (see ``set_step``).
 
-    Host synchronisations per ``select``: two (one at low CFs).  Cost: a sample gather,
+    Host synchronisations per ``select``: two (one at low CFs), and on accelerators the search's
+    copy of five scalars.  Cost: a sample gather,
     one selection pass, then ``steps`` counts over about ``k`` candidates,
     ``steps ~ log2(bracket width / tolerance) + 2``.
     """
@@ -228,16 +262,10 @@ class RedSyncSelector(ThresholdSelector):
             # overshot and no threshold the candidates can express keeps more.
             self.last_steps = 0
             return cand_idx
-        vmax = cand.max()
-        lo = floor.to(cand.dtype)
-        hi = torch.minimum(vmax, ceil.to(cand.dtype))
-        # A sampled upper end that still keeps too many entries: search up to max instead.
-        hi = torch.where(torch.count_nonzero(cand > hi) > k * (1.0 + self.tolerance), vmax, hi)
-        lo = torch.minimum(lo, hi)
         steps = self._steps(spread, hits)
         self.last_steps = steps
-        thr, _ = redsync_search(cand, k, lo, hi, steps, self.tolerance)
-        keep = torch.nonzero(cand > thr).view(-1)                  # sync 2
+        thr = _bracketed_search(cand, k, floor, ceil, steps, self.tolerance)   # accelerators: a copy
+        keep = torch.nonzero(cand > thr).view(-1)                              # sync 2
         return cand_idx.index_select(0, keep)
 
     def _steps(self, spread: float, hits: float) -> int:

@@ -53,12 +53,15 @@ those stages on its sample instead of passes, and gathers deeper: see ``_select_
 Where the fits run (tensors that do not take the CPU host path: a GPU's, or the CPU's
 without the native kernels), ``device_fits``:
 
-* ``"host"`` (default): the stage-1 sample, and with a candidate phase the candidates'
-  magnitudes, are copied to the host once each, and every fit, count and refinement round
-  runs there on Python scalars, exactly as the CPU host path's (``_staged_on_host`` is
-  shared); the device runs the sample, the candidate gather and the final selection,
-  about 20-28 tensor operations a call.  Host synchronisations: one or two copies and one
-  or two ``nonzero``, at most four.
+* ``"host"`` (default): the stage-1 sample (16384 entries, the CPU host path's size), and
+  with a candidate phase the candidates' magnitudes (every ``stride``-th beyond 65536 of them,
+  ``_fit_stride``), are copied to the host once each, and every fit, count and refinement
+  round runs there on Python scalars, exactly as the CPU host path's (``_staged_on_host`` is
+  shared); the device runs the sample, the candidate gather and the final selection, about
+  15-20 tensor operations a call.  When every candidate's magnitude is on the host the kept
+  ones are picked there and only their positions go back.  Host synchronisations: one or two
+  copies to the host, one ``nonzero``, and the final ``nonzero`` or the upload of the kept
+  positions: at most four.
 * ``"device"``: every stage and refinement round is a fixed sequence of tensor operations
   over the candidates, masked by the stage's base, so thresholds and counts stay on the
   device: at most two host synchronisations (the candidate gather and the final
@@ -96,6 +99,8 @@ _SAMPLE_FIT_MIN = 500
 # count within ~10 % at density 1/4), so that the candidates are gathered nearer k: at CF 1000
 # at 0.4 % of the tensor instead of 1.6 %, where the selection pass costs about a third less.
 _SAMPLE_DEEP_MIN = 200
+# The candidate phase fits and counts at most about this many candidates (see _fit_stride).
+_CANDIDATE_FITS = 1 << 16
 
 
 class SIDCoSelector(ThresholdSelector):
@@ -116,13 +121,13 @@ class SIDCoSelector(ThresholdSelector):
         device_fits: where tensors off the CPU host path (a GPU's, or the CPU's without the
             native kernels) are fitted: ``"host"`` (default) copies stage 1's sample and then
             the candidates to the host once each and fits and refines there with Python
-            scalars, as the CPU host path does: about 25 tensor operations and up to four host
-            synchronisations per call; ``"device"`` keeps every fit and refinement round on
+            scalars, as the CPU host path does: about 15-20 tensor operations and up to four
+            host synchronisations per call; ``"device"`` keeps every fit and refinement round on
             the device: two synchronisations, but 560-2300 small tensor operations, each a
             kernel launch on a GPU (5-31 ms a call on an H200, 3.5-21x exact Top-k).
 
     Host synchronisations per ``select``: see ``device_fits`` and the module docstring.
-    Cost: a 64k sample, one statistics pass per large stage (one at CF 10, two at CF 100
+    Cost (``device_fits="device"``): a 64k sample, one statistics pass per large stage (one at CF 10, two at CF 100
     and 1000 with the defaults), one selection pass, then work proportional to the
     candidates.
     """
@@ -181,12 +186,17 @@ class SIDCoSelector(ThresholdSelector):
         """The device tensor's passes and gathers stay on its device; the sample and the
         candidates are copied to the host once each (``_to_host``), and every fit, count and
         refinement round runs there (:meth:`_staged_on_host`).  Host synchronisations: the
-        sample copy, the final ``nonzero``, and with a candidate phase the candidate
-        ``nonzero`` and copy: at most four (plus one per streaming-pass fit, which the
-        default plan never needs on a 65536-entry sample)."""
+        sample copy, the final ``nonzero`` (or the upload of the kept positions), and with a
+        candidate phase the candidate ``nonzero`` and copy: at most four (plus one per
+        streaming-pass fit, which the default plan never needs on a 16384-entry sample).
+
+        On an H100 this path cost 1.6-2.0x exact Top-k at CF 100 and 1000 with a 65536-entry
+        sample, every candidate copied and fitted on, and the kept set picked on the device;
+        with the smaller sample, at most 65536 candidates fitted on and the kept ones picked on
+        the host when they are all there, 1.1-1.65x at bucket sizes and 0.97-1.09x at 25M."""
         n = flat.numel()
         squares = self.distribution != "exponential"
-        s = min(n, _FIRST_SAMPLE)
+        s = min(n, HOST_SAMPLE_MAX)
         sample = _to_host(stratified_abs_sample(flat, s, self._generators(flat.device)))
 
         def pass_moments(threshold):
@@ -196,12 +206,21 @@ class SIDCoSelector(ThresholdSelector):
         def gather(threshold, expected, final):
             at = torch.tensor(threshold, dtype=torch.float64)
             idx, mag = select_abs_at_least(flat, at, expected / n, not final)
-            return (idx if final else (idx, mag)), (None if final else _to_host(mag))
+            if final:
+                return idx, None, 1
+            stride = _fit_stride(mag.numel())
+            host = _to_host(mag if stride == 1 else mag[::stride])
+            return (idx, mag, host if stride == 1 else None), host, stride
 
         def finish(candidates, threshold):
-            idx, mag = candidates
+            idx, mag, host = candidates
             if threshold is None:
                 return idx
+            if host is not None:
+                # Every candidate's magnitude is on the host: which are kept is decided there and
+                # only their positions go back (no compare and nonzero on the device).
+                keep = np.flatnonzero(host >= host.dtype.type(threshold)).astype(np.int32)
+                return idx.index_select(0, torch.from_numpy(keep).to(idx.device))
             keep = torch.nonzero(mag >= torch.tensor(threshold, dtype=mag.dtype)).view(-1)
             return idx.index_select(0, keep)
 
@@ -332,9 +351,10 @@ class SIDCoSelector(ThresholdSelector):
 
         def gather(threshold, expected, final):
             if final:
-                return native.select(x, threshold, False, int(k * 1.25) + 64, k), None
+                return native.select(x, threshold, False, int(k * 1.25) + 64, k), None, 1
             idx, val = native.select(x, threshold, False, int(expected * 1.5) + 64, expected)
-            return (idx, val), val
+            stride = _fit_stride(val.size)
+            return (idx, val), (val if stride == 1 else np.ascontiguousarray(val[::stride])), stride
 
         def finish(candidates, threshold):
             idx, val = candidates
@@ -355,8 +375,10 @@ class SIDCoSelector(ThresholdSelector):
         * ``sample``: host magnitudes at stratified positions (every entry when it is whole);
         * ``pass_moments(t)``: exact ``(m, sum w, sum w^2)`` of the excesses over the tensor;
         * ``gather(t, expected, final)``: the entries ``|x| >= t`` (``t`` at least ``TINY``: zeros
-          are never kept), as ``(result, None)`` when
-          ``final`` (the selection itself), else ``(candidates, host values of them)``;
+          are never kept), as ``(result, None, 1)`` when ``final`` (the selection itself), else
+          ``(candidates, host values, stride)``: the values of every ``stride``-th candidate
+          (``_fit_stride``: all of them up to ``_CANDIDATE_FITS`` candidates), which the
+          candidate phase's fits and counts then weigh by ``stride``;
         * ``finish(candidates, t)``: the candidates ``>= t``, the selection (all of them for
           ``t=None``);
         * ``count(candidates)``: how many were gathered."""
@@ -401,7 +423,7 @@ class SIDCoSelector(ThresholdSelector):
                                               self._stage_dist(stage))
             self.last_stages = stage
             return gather(max(threshold, float(TINY)), k, True)[0]
-        gathered, values = gather(max(threshold, float(TINY)), plan[stage - 1], False)
+        gathered, values, stride = gather(max(threshold, float(TINY)), plan[stage - 1], False)
         mcount = count(gathered)
         if mcount <= k:
             self.last_stages = stage
@@ -416,7 +438,7 @@ class SIDCoSelector(ThresholdSelector):
         # in NumPy the same work (|val|, then per stage a subtraction, a clamp, a count and two
         # sums) cost 1-2 ms per call at bucket sizes, as much as the selection pass itself.
         last_base, last_moments, last_density = threshold, None, None
-        candidates = _moments_of(values)
+        candidates = _moments_of(values) if stride == 1 else _Weighted(_moments_of(values), stride)
         for target in plan:
             stage += 1
             moments = candidates(threshold, squares)
@@ -476,6 +498,29 @@ class _NumpyMoments:
 
     def count_at_least(self, threshold) -> float:
         return float(np.count_nonzero(self._a >= float(np.float32(threshold))))
+
+
+class _Weighted:
+    """Moments and counts of every ``stride``-th candidate, weighed up to all of them."""
+
+    def __init__(self, moments, stride: int):
+        self._moments, self._stride = moments, stride
+
+    def __call__(self, threshold, squares: bool = True):
+        return tuple(v * self._stride for v in self._moments(threshold, squares))
+
+    def count_at_least(self, threshold) -> float:
+        return self._moments.count_at_least(threshold) * self._stride
+
+
+def _fit_stride(count: int) -> int:
+    """Every how many-th candidate the candidate phase fits and counts: all of them up to
+    ``_CANDIDATE_FITS``.  Each fit and refinement count is a pass over them on the host (about
+    ten a call), and on an accelerator they are first copied there: at 25M entries and CF 100
+    the candidates are 390k (1.6 %), which made those passes and the copy most of SIDCo's time
+    on an H100 (1.7-1.9x exact Top-k).  65536 of them still hold thousands of kept entries
+    (a count within ~1 %, inside the 5 % tolerance)."""
+    return max(1, -(-count // _CANDIDATE_FITS))
 
 
 def _moments_of(x: np.ndarray):
