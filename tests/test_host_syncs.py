@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import horovod_gravac.selection.base as selection_base
 import horovod_gravac.selection.kernels as kernels
 import horovod_gravac.selection.redsync as redsync
 import horovod_gravac.selection.sampling as sampling
@@ -62,6 +63,7 @@ def accelerator_path(monkeypatch):
     monkeypatch.setattr(kernels, "host_path", lambda flat: False)   # the CPU host path has no device
     monkeypatch.setattr(sampling, "_sorts", lambda sample: True)    # thresholds off one sort, as on a GPU
     monkeypatch.setattr(redsync, "_resolves", lambda values: True)  # RedSync's steps resolved, as on a GPU
+    monkeypatch.setattr(selection_base, "_exact_further", lambda values: True)   # further: one topk
 
 
 @pytest.mark.parametrize("name", sorted(DOCUMENTED))
@@ -80,6 +82,28 @@ def test_host_syncs_per_call_are_few_and_constant(name, accelerator_path):
             assert f.total <= per_further, (name, numel, cf, dict(f.ops))
             seen.add(c.total)
     assert max(seen) - min(seen) <= 1, f"{name}: sync count varies with size/CF: {sorted(seen)}"
+
+
+@pytest.mark.parametrize("name", ["topk", "dgc", "redsync", "sidco-exponential"])
+def test_further_compression_on_accelerators_keeps_the_payloads_largest_without_a_sync(name, accelerator_path):
+    """Multi-level compression on accelerators: one ``topk`` over the payload's magnitudes, so
+    exactly the ``k`` largest of what the first level kept, and no host synchronisation."""
+    make = TopKCompressor if name == "topk" else DOCUMENTED[name][0]
+    numel = 1_200_000
+    t = torch.distributions.Laplace(0.0, 1.0).sample((numel,))
+    comp = make(10)
+    payload, ctx = comp.compress(t)
+    with SyncCounter() as c:
+        further = comp.compress_further(payload, ctx, 100)
+    assert c.total == 0, dict(c.ops)
+    k = numel // 1000
+    assert further.values.numel() == k
+    want = torch.topk(payload.values.abs(), k).values
+    assert torch.equal(torch.sort(further.values.abs()).values, torch.sort(want).values)
+    # values and indices still agree with the original tensor
+    assert torch.equal(t[further.indices.long()], further.values)
+    if name != "topk":
+        assert comp.last_quality == 1.0
 
 
 def test_decompress_does_not_sync():

@@ -129,7 +129,7 @@ class SparseCompressor(Selector, GradientCompressor):
         k = kept_count(ctx.numel, self.cf * factor)
         if k >= payload.values.numel():
             return payload
-        sub = self.select_payload(payload.values, k)   # its indices are positions in the payload
+        sub = self.select_further(payload.values, k)   # its indices are positions in the payload
         return SparsePayload(sub.values, payload.indices.index_select(0, sub.indices))
 
     # -- helpers ----------------------------------------------------------------

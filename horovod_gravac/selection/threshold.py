@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from . import kernels
-from .base import Selector
+from .base import Selector, largest_of_payload
 from .kernels import _work_dtype
 from .payload import SparsePayload
 from .sampling import DeviceGenerators
@@ -66,6 +66,15 @@ class ThresholdSelector(Selector):
             return super().select_payload(flat, k)
         self.last_quality = pair[0].numel() / k
         return SparsePayload(pair[1], pair[0])   # the native pass gathered the values
+
+    def select_further(self, values: torch.Tensor, k: int) -> SparsePayload:
+        """On accelerators the payload's ``k`` largest magnitudes, exactly (see
+        :func:`~.base.largest_of_payload`); on the CPU the selector's own estimate."""
+        further = largest_of_payload(values, k) if 0 < k < values.numel() else None
+        if further is None:
+            return self.select_payload(values, k)
+        self.last_quality = 1.0
+        return further
 
     def _host_pair(self, flat: torch.Tensor, k: int):
         """``(int32 indices, float32 values)`` from the host path, or None when it does not apply."""

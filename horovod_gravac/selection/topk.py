@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from .. import native
-from .base import Selector
+from .base import Selector, largest_of_payload
 from .payload import SparsePayload, sparse_payload
 from .sampling import DeviceGenerators, host_abs_sample, margin_rank, sample_rank_values
 
@@ -339,3 +339,7 @@ class TopKSelector(Selector):
         if values is None:
             return sparse_payload(flat, indices)
         return SparsePayload(values, indices.to(torch.int32))   # the native pass gathered them
+
+    def select_further(self, values: torch.Tensor, k: int) -> SparsePayload:
+        further = largest_of_payload(values, k)
+        return self.select_payload(values, k) if further is None else further
