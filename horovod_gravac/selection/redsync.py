@@ -40,10 +40,10 @@ synchronisation (the "done" state is carried in the bounds: once within toleranc
 candidates are sorted once and the steps run on the host (:func:`redsync_search`): two order
 statistics of the sorted values decide every step's count exactly, so one copy of five scalars
 (the bracket, the maximum and those two) replaces about 14 launches per step, and the bounds are
-the same bit for bit.  On an H100 RedSync went from 2.4-3.3x to 1.2-1.7x exact Top-k's time at
-bucket sizes (``benchmarks/results/gpu_h100/``).  (An earlier version resolved the steps on the
-device, counting every midpoint they could visit with one ``searchsorted``: 38 operations for 7
-steps, no copy, and still 2.1-3.2x Top-k.)
+the same bit for bit.  On an H100 RedSync went from 2.4-3.3x to 1.2-1.75x exact Top-k's time at
+bucket sizes, and to 0.74-0.96x at 25M (``benchmarks/results/gpu_h100/``).  (An earlier
+version resolved the steps on the device, counting every midpoint they could visit with one
+``searchsorted``: 38 operations for 7 steps, no copy, and still 2.1-3.2x Top-k.)
 
 Host synchronisations per ``select``: on the CPU's torch path two (the candidate ``nonzero``
 and the final ``nonzero`` over the candidates), one at low CFs; on accelerators one more, the

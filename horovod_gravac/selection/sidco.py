@@ -193,7 +193,7 @@ class SIDCoSelector(ThresholdSelector):
         On an H100 this path cost 1.6-2.0x exact Top-k at CF 100 and 1000 with a 65536-entry
         sample, every candidate copied and fitted on, and the kept set picked on the device;
         with the smaller sample, at most 65536 candidates fitted on and the kept ones picked on
-        the host when they are all there, 1.1-1.65x at bucket sizes and 0.97-1.09x at 25M."""
+        the host when they are all there, 1.3-1.65x at bucket sizes and 0.97-1.06x at 25M."""
         n = flat.numel()
         squares = self.distribution != "exponential"
         s = min(n, HOST_SAMPLE_MAX)
