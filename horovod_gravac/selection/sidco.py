@@ -19,10 +19,11 @@ Stage plan (``stages=None``, adaptive):
    each later stage at ``stage_density`` of its input.  Every stage aims at a
    planned *count* and takes its density from the *actual* count of its input, so
    a stage that missed is corrected by the next one.
-2. Stage 1 fits a stratified random sample of 65,536 magnitudes, shifted by their
+2. Stage 1 fits a stratified random sample of 65,536 magnitudes (``device_fits="device"``;
+   16,384 where the fits run on the host: the CPU host path and the default), shifted by their
    minimum (which matters for multi-level compression: a payload's magnitudes all
    lie above an earlier threshold).  Its threshold only decides where stage 2
-   starts, and at density 1/4 the sample holds ~16k excesses; a full pass for it
+   starts, and at density 1/4 the sample holds ~16k excesses (~4k on the host); a full pass for it
    would cost a third of the budget.  No later stage can go below stage 1's
    threshold, and on heavy tails a fit can miss its planned count by 2x or more,
    so stage 1 is refined (step 5) on the sample's own counts.
@@ -327,7 +328,7 @@ class SIDCoSelector(ThresholdSelector):
     def _select_host(self, x: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
         """:meth:`_select` with host scalars, NumPy and the native kernels: the same stages,
         fits and refinement rounds, with a stage-1 sample of ``HOST_SAMPLE_MAX`` (16384)
-        entries instead of 65536.  The stages before the candidate phase are fitted on that
+        entries instead of the device fits' 65536.  The stages before the candidate phase are fitted on that
         sample when it holds at least ``_SAMPLE_FIT_MIN`` (500) entries of the stage's input
         (with the defaults: every such stage, at every CF and size), otherwise on a streaming
         pass (``hg_exceedance_moments``).  At bucket sizes a pass is 3-10x the cost of
