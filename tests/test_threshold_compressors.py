@@ -464,3 +464,12 @@ def test_redsyncs_bracketed_search_is_the_same_on_the_host_as_on_the_device(seed
                 monkeypatch.setattr(R, "_resolves", lambda values, r=resolved: r)
                 got[resolved] = R._bracketed_search(cand, k, floor, ceil.to(cand.dtype), 12, tolerance)
             assert torch.equal(got[True], got[False]), (k, tolerance, float(ceil), got)
+
+
+@pytest.mark.parametrize("resolved", [True, False], ids=["host", "steps"])
+def test_redsync_search_of_no_values_lowers_the_threshold_at_every_step(resolved, monkeypatch):
+    """An empty candidate set counts 0 everywhere: too few at every step (both branches alike)."""
+    import horovod_gravac.selection.redsync as R
+    monkeypatch.setattr(R, "_resolves", lambda values: resolved)
+    lo, hi = redsync_search(torch.empty(0), 10, torch.tensor(0.0), torch.tensor(8.0), 3, 0.02)
+    assert float(lo) == 0.0 and float(hi) == 1.0

@@ -144,8 +144,11 @@ def _fetch(ordered: torch.Tensor, few: float, many: float, *scalars: torch.Tenso
     m = ordered.numel()
     many_rank, few_rank = math.floor(many) + 1, math.ceil(few)
     picks = [t.to(ordered.device, ordered.dtype).reshape(()) for t in scalars]
-    picks += [ordered[m - min(many_rank, m)], ordered[m - min(max(few_rank, 1), m)]]
-    host = torch.stack(picks).cpu().tolist()
+    if m:
+        picks += [ordered[m - min(many_rank, m)], ordered[m - min(max(few_rank, 1), m)]]
+    host = torch.stack(picks).cpu().tolist() if picks else []
+    if not m:   # no values: every count is 0 (placeholders, replaced below)
+        host += [0.0, 0.0]
     if many_rank > m:
         host[-2] = -math.inf
     if few_rank <= 0:
