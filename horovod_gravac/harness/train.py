@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cf", type=float, help="static controller: compression factor (default 100)")
     g.add_argument("--theta-min", type=float, help="GraVAC: lowest CF (default 10)")
     g.add_argument("--theta-max", type=float, help="GraVAC: highest CF (default 1000)")
-    g.add_argument("--epsilon", type=float, help="GraVAC: gain threshold (default 0.7)")
+    g.add_argument("--epsilon", type=float, help="GraVAC: gain threshold (default 0.7, or the "
+                                                 "preset's; 0.9 with --variant delivered)")
     g.add_argument("--omega", type=float, help="GraVAC: tolerance for equal gains/throughputs (0.01)")
     g.add_argument("--window", type=int, help="GraVAC: steps per candidate evaluation (500)")
     g.add_argument("--ewma-alpha", type=float, help="GraVAC: gain smoothing factor (default: the "
@@ -185,6 +186,10 @@ def resolve_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     preset = PRESETS.get(args.preset, {}) if args.preset else {}
+    if args.epsilon is None and (args.variant or preset.get("variant")) == "delivered":
+        # The presets' epsilon is the paper's, for the paper's per-step gain; "delivered"
+        # compares another quantity and has its own default.
+        args.epsilon = C.DEFAULT_EPSILON["delivered"]
     for key, default in DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, preset.get(key, default))
