@@ -118,6 +118,7 @@ class BucketEncoder:
                                    bucket.update_residual, with_stats)
         comp_min.set_step(step_index, bucket.index)   # shared-seed draws: per (step, bucket)
         payload_min, ctx = comp_min.compress(g_ef)
+        quality = comp_min.last_quality   # of this compress (compress_further sets its own)
         payload_c = payload_min
         if decision.theta_min == DENSE:
             payload_min = None
@@ -128,8 +129,8 @@ class BucketEncoder:
             min_sq = ef_sq if payload_min is None else _sq(payload_min.values)
             c_sq = min_sq if payload_c is payload_min else _sq(payload_c.values)
             record.norms += torch.stack([ef_sq, min_sq, c_sq]).double().cpu()
-        if comp_min.last_quality is not None and measure:
-            record.quality.append(float(comp_min.last_quality))
+        if quality is not None and measure:
+            record.quality.append(float(quality))
         if decision.send_cf == DENSE:
             if poison:
                 g_ef[0] = float("nan")

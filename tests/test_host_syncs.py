@@ -212,3 +212,29 @@ def test_sidco_device_fits_benchmark_runs_and_restores_the_kernels(capsys):
         ops_device, ops_host = int(row[3]), int(row[4])
         assert ops_host < ops_device and 0.8 <= float(row[-1]) <= 1.25, row
     assert (kernels._chunked, kernels.host_path) == before
+
+
+def test_the_step_records_the_first_levels_quality_not_the_further_ones(accelerator_path):
+    """The encoder reports a threshold compressor's kept / k of the compress it sends or cuts
+    from (θ_min); compress_further sets its own (1.0 on accelerators, where it is exact), and
+    reading after it reported that instead."""
+    import types
+    from horovod_gravac.accounting import StepRecord
+    from horovod_gravac.controllers import Decision
+    from horovod_gravac.encoder import BucketEncoder
+    link = types.SimpleNamespace(world=2, average=True, predivide=1.0, process_set=None,
+                                 scale_factors=lambda: (1.0, 1.0))
+    controller = types.SimpleNamespace(needs_consensus=False, tracks_delivery=False, needs_accumulation=False)
+    comps = {}
+    enc = BucketEncoder(controller=controller, memory=None, interval=None, warm=None, link=link, wire=None,
+                        compressor_factory=lambda cf: comps.setdefault(cf, DGCCompressor(cf)), prefix="t",
+                        nonfinite="propagate", grad_scaler=None, local_clip_norm=None, join_safe=False)
+    bucket = types.SimpleNamespace(index=0, numel=1_200_000, device=torch.device("cpu"))
+    g = torch.distributions.Laplace(0.0, 1.0).sample((1_200_000,))
+    record = StepRecord()
+    enc._compress(bucket, g, Decision(10.0, 10.0, 100.0), record, 0, False, measure=True)
+    first = DGCCompressor(10.0)
+    first.set_step(0, 0)   # the draws the encoder's compress made (step 0, bucket 0)
+    first.compress(g)
+    assert comps[10.0].last_quality == 1.0                       # the further cut, exact here
+    assert record.quality == [pytest.approx(first.last_quality)] and record.quality[0] != 1.0
