@@ -20,10 +20,11 @@ Stage plan (``stages=None``, adaptive):
    planned *count* and takes its density from the *actual* count of its input, so
    a stage that missed is corrected by the next one.
 2. Stage 1 fits a stratified random sample of 65,536 magnitudes (``device_fits="device"``;
-   16,384 where the fits run on the host: the CPU host path and the default), shifted by their
+   16,384 for the default host fits of an accelerator's tensor, 8,192 on the CPU host path),
+   shifted by their
    minimum (which matters for multi-level compression: a payload's magnitudes all
    lie above an earlier threshold).  Its threshold only decides where stage 2
-   starts, and at density 1/4 the sample holds ~16k excesses (~4k on the host); a full pass for it
+   starts, and at density 1/4 the sample holds ~16k excesses (2-4k on the host); a full pass for it
    would cost a third of the budget.  No later stage can go below stage 1's
    threshold, and on heavy tails a fit can miss its planned count by 2x or more,
    so stage 1 is refined (step 5) on the sample's own counts.
@@ -54,7 +55,8 @@ those stages on its sample instead of passes, and gathers deeper: see ``_select_
 Where the fits run (tensors that do not take the CPU host path: a GPU's, or the CPU's
 without the native kernels), ``device_fits``:
 
-* ``"host"`` (default): the stage-1 sample (16384 entries, the CPU host path's size), and
+* ``"host"`` (default): the stage-1 sample (16384 entries; the CPU host path draws 8192, where
+  each sampled entry is a random read), and
   with a candidate phase the candidates' magnitudes (every ``stride``-th beyond 65536 of them,
   ``_fit_stride``), are copied to the host once each, and every fit, count and refinement
   round runs there on Python scalars, exactly as the CPU host path's (``_staged_on_host`` is
@@ -89,17 +91,25 @@ from .threshold import ThresholdSelector
 
 # Stage 1 fits this many stratified samples (it aims at a density of 1/4: ~16k excesses).
 _FIRST_SAMPLE = 1 << 16
-# Refine on the sample's counts (no candidate phase) only when it holds this many kept entries.
-_SAMPLE_REFINE_HITS = 1000
+# The CPU host path's stage-1 sample.  Each sampled entry is a random read: 16384 of them cost
+# 0.09 ms at 1M entries, three times Top-k's whole sample, and SIDCo's fixed cost decides at
+# bucket sizes (benchmarks/sidco_cost.py).  8192 still hold 2048 entries above stage 1 and
+# ~500 above stage 2.  (The accelerators' host fits keep HOST_SAMPLE_MAX, 16384, as measured on
+# an H100: there the sample is one gather kernel whatever its size.)
+_HOST_SAMPLE = 1 << 13
+# Refine on the sample's counts (no candidate phase) only when it holds this many kept entries
+# (800: a count within ~3.5 %, against the 5 % tolerance; CF 10 with the 8192-entry sample).
+_SAMPLE_REFINE_HITS = 800
 # Host path: a stage whose input the stage-1 sample holds at least this many entries of is
-# fitted on the sample (relative error of the fitted mean ~1/sqrt(500) = 4.5 %, which moves
-# a stage's count by ~6 % at density 1/4; the next stage or the refinement corrects it).
-_SAMPLE_FIT_MIN = 500
+# fitted on the sample (relative error of the fitted mean ~1/sqrt(400) = 5 %, which moves
+# a stage's count by ~7 % at density 1/4; the next stage or the refinement corrects it).
+_SAMPLE_FIT_MIN = 400
 # Host path: past compact_density, a stage other than the last is still fitted on the sample
-# when the sample holds at least this many entries of its input (a fitted mean within ~7 %, a
-# count within ~10 % at density 1/4), so that the candidates are gathered nearer k: at CF 1000
-# at 0.4 % of the tensor instead of 1.6 %, where the selection pass costs about a third less.
-_SAMPLE_DEEP_MIN = 200
+# when the sample holds at least this many entries of its input (a fitted mean within ~10 %, a
+# count within ~14 % at density 1/4: the candidates then still hold ~4x k at CF 1000), so that
+# they are gathered nearer k: at CF 1000 at 0.4 % of the tensor instead of 1.6 %, where the
+# selection pass costs about a third less.
+_SAMPLE_DEEP_MIN = 100
 # The candidate phase fits and counts at most about this many candidates (see _fit_stride).
 _CANDIDATE_FITS = 1 << 16
 
@@ -327,9 +337,9 @@ class SIDCoSelector(ThresholdSelector):
     # -- CPU host path (float32 with the native kernels) -------------------------------------------
     def _select_host(self, x: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
         """:meth:`_select` with host scalars, NumPy and the native kernels: the same stages,
-        fits and refinement rounds, with a stage-1 sample of ``HOST_SAMPLE_MAX`` (16384)
-        entries instead of the device fits' 65536.  The stages before the candidate phase are fitted on that
-        sample when it holds at least ``_SAMPLE_FIT_MIN`` (500) entries of the stage's input
+        fits and refinement rounds, with a stage-1 sample of ``_HOST_SAMPLE`` (8192) entries
+        instead of the device fits' 65536.  The stages before the candidate phase are fitted on
+        that sample when it holds at least ``_SAMPLE_FIT_MIN`` (400) entries of the stage's input
         (with the defaults: every such stage, at every CF and size), otherwise on a streaming
         pass (``hg_exceedance_moments``).  At bucket sizes a pass is 3-10x the cost of
         these fits, and two of them made SIDCo cost 2-4x exact Top-k; the fit of a sample
@@ -339,7 +349,7 @@ class SIDCoSelector(ThresholdSelector):
         Two differences in where the work happens, not in what is computed:
 
         * with the adaptive plan, a stage past ``compact_density`` that is not the last is
-          still fitted on the sample while the sample holds ``_SAMPLE_DEEP_MIN`` (200) of its
+          still fitted on the sample while the sample holds ``_SAMPLE_DEEP_MIN`` (100) of its
           input, so at CF 1000 the candidates are gathered at 0.4 % of the tensor rather than
           1.6 % (the selection pass costs more the more it keeps; SIDCo went from 1.4x to
           1.2x exact Top-k at 6.5M entries);
@@ -348,7 +358,7 @@ class SIDCoSelector(ThresholdSelector):
           pass; the NumPy array operations they replace cost as much as the selection pass
           itself at bucket sizes."""
         squares = self.distribution != "exponential"
-        sample = host_abs_sample(x, min(x.size, HOST_SAMPLE_MAX), self._host_generator())
+        sample = host_abs_sample(x, min(x.size, _HOST_SAMPLE), self._host_generator())
 
         def gather(threshold, expected, final):
             if final:
