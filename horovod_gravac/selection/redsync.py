@@ -63,7 +63,7 @@ RedSync then cost 1.12-1.19x exact Top-k at CF 10.)
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -200,7 +200,8 @@ def _bracketed_search(cand: torch.Tensor, k: int, floor: torch.Tensor, ceil: tor
         if hi < above_many:   # #(cand > hi) > many: the sampled upper end keeps too many
             hi = vmax
         lo = min(floor, hi)
-        return _as_scalars(_bisect_on_host(lo, hi, above_many, above_few, steps, cand.dtype), cand.dtype)[0]
+        thr, _ = _bisect_on_host(lo, hi, above_many, above_few, steps, cand.dtype)
+        return torch.tensor(thr, dtype=cand.dtype)
     vmax = cand.max()
     lo = floor.to(cand.dtype)
     hi = torch.minimum(vmax, ceil.to(cand.dtype))
