@@ -282,3 +282,24 @@ def test_sidco_cost_benchmark_splits_the_time_and_restores_what_it_wraps(capsys)
     after = (native.select, native.drop_smallest, native.MomentsOf, sidco_mod.host_abs_sample,
              topk_mod.host_abs_sample)
     assert after == before
+
+
+def test_sidco_host_sample_benchmark_compares_both_settings_and_restores_them(capsys):
+    """benchmarks/sidco_host_sample.py: the earlier and the current host-path settings, each
+    timed against Top-k and its quality reported, with the module's settings put back."""
+    import horovod_gravac.selection.sidco as sidco_mod
+    from benchmarks import sidco_host_sample as bench
+    before = tuple(getattr(sidco_mod, name) for name in bench._KNOBS)
+    assert bench.configurations()["current"] == before != bench.EARLIER
+    assert bench.main(["--sizes", "300000", "--cfs", "100", "--repeats", "3", "--seeds", "2"]) == 0
+    out = capsys.readouterr().out
+    timing = [ln.split() for ln in out.splitlines() if ln.strip().startswith("300,000")]
+    assert len(timing) == 1 and all(x.endswith("x") for x in timing[0][2:])
+    quality = [ln.split() for ln in out.splitlines() if ln.split()[:2] in (["laplace", "300,000"],
+                                                                          ["normal", "300,000"], ["real", "300,000"])]
+    assert len(quality) == 3
+    for row in quality:
+        for cell in row[3:]:
+            lo, hi = (float(v) for v in cell.split("-"))
+            assert 0.8 <= lo <= hi <= 1.25, row
+    assert tuple(getattr(sidco_mod, name) for name in bench._KNOBS) == before
