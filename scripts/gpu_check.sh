@@ -18,6 +18,7 @@
 #   4. the compressor size sweep on the GPU
 #      (python -m benchmarks.compressors --sweep-only --device cuda)      -> compressors_sweep_cuda.txt, .csv
 #      and SIDCo's device_fits="host" against "device" (benchmarks/sidco_device_fits.py) -> sidco_device_fits_cuda.txt
+#      and SIDCo's host-fit sample, earlier against current (benchmarks/sidco_device_sample.py) -> sidco_device_sample_cuda.txt
 #      and the operations behind each compress (benchmarks/compressor_profile.py) -> compressor_profile_cuda.txt
 #      and the samples' order statistics, kthvalue against sort (benchmarks/sample_order_stats.py) -> sample_order_stats_cuda.txt
 #      and the launch cuts against what they replaced (benchmarks/launch_cuts.py)      -> launch_cuts_cuda.txt
@@ -129,6 +130,9 @@ else
   # SIDCo's two places to fit, side by side (device_fits="host", the default, against "device").
   step "SIDCo fits on the host against on the device: python -m benchmarks.sidco_device_fits --device cuda" \
     "$RESULTS/sidco_device_fits_cuda.txt" "$PYTHON" -m benchmarks.sidco_device_fits --device cuda
+  # The host fits' sample and candidate limit, the earlier ones against the current ones.
+  step "SIDCo's host-fit sample: python -m benchmarks.sidco_device_sample --device cuda" \
+    "$RESULTS/sidco_device_sample_cuda.txt" "$PYTHON" -m benchmarks.sidco_device_sample --device cuda
   # The operations behind the totals (Top-k ran 7 operations in 1.2-1.9 ms on an H200).
   step "profile of compress: python -m benchmarks.compressor_profile --device cuda" \
     "$RESULTS/compressor_profile_cuda.txt" "$PYTHON" -m benchmarks.compressor_profile --device cuda

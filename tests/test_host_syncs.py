@@ -213,6 +213,23 @@ def test_sidco_device_fits_benchmark_runs_and_restores_the_kernels(capsys):
         assert ops_host < ops_device and 0.8 <= float(row[-1]) <= 1.25, row
     assert (kernels._chunked, kernels.host_path) == before
 
+def test_sidco_device_sample_benchmark_compares_both_settings_and_restores_them(capsys):
+    """benchmarks/sidco_device_sample.py: the earlier (16384, 65536) and the current host-fit
+    sample and candidate limit, each against Top-k with its kept / k, settings put back."""
+    import horovod_gravac.selection.sidco as sidco_mod
+    from benchmarks import sidco_device_sample as bench
+    before = tuple(getattr(sidco_mod, name) for name in bench._KNOBS), kernels._chunked, kernels.host_path
+    assert bench.configurations()["current"] == before[0] != bench.EARLIER
+    assert bench.main(["--sizes", "300000", "--cfs", "10,1000", "--repeats", "2"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("300,000")]
+    assert len(rows) == 4   # 2 CFs x 2 distributions
+    for row in rows:
+        for ratio, kept in ((row[3], row[4]), (row[5], row[6])):
+            lo, hi = (float(v) for v in kept.split("-"))
+            assert ratio.endswith("x") and float(ratio[:-1]) > 0 and 0.8 <= lo <= hi <= 1.25, row
+    assert (tuple(getattr(sidco_mod, name) for name in bench._KNOBS), kernels._chunked, kernels.host_path) == before
+
+
 
 def test_the_step_records_the_first_levels_quality_not_the_further_ones(accelerator_path):
     """The encoder reports a threshold compressor's kept / k of the compress it sends or cuts

@@ -55,9 +55,8 @@ those stages on its sample instead of passes, and gathers deeper: see ``_select_
 Where the fits run (tensors that do not take the CPU host path: a GPU's, or the CPU's
 without the native kernels), ``device_fits``:
 
-* ``"host"`` (default): the stage-1 sample (16384 entries; the CPU host path draws 8192, where
-  each sampled entry is a random read), and
-  with a candidate phase the candidates' magnitudes (every ``stride``-th beyond 65536 of them,
+* ``"host"`` (default): the stage-1 sample (8192 entries, as on the CPU host path), and
+  with a candidate phase the candidates' magnitudes (every ``stride``-th beyond 32768 of them,
   ``_fit_stride``), are copied to the host once each, and every fit, count and refinement
   round runs there on Python scalars, exactly as the CPU host path's (``_staged_on_host`` is
   shared); the device runs the sample, the candidate gather and the final selection, about
@@ -86,16 +85,18 @@ from .. import native
 from .base import check_count, check_fraction
 from .fits import DISTRIBUTIONS, excess_moments, fitted_excess, fitted_excess_host
 from .kernels import TINY, exceedance_moments, select_abs_at_least
-from .sampling import HOST_SAMPLE_MAX, host_abs_sample, stratified_abs_sample
+from .sampling import host_abs_sample, stratified_abs_sample
 from .threshold import ThresholdSelector
 
 # Stage 1 fits this many stratified samples (it aims at a density of 1/4: ~16k excesses).
 _FIRST_SAMPLE = 1 << 16
-# The CPU host path's stage-1 sample.  Each sampled entry is a random read: 16384 of them cost
-# 0.09 ms at 1M entries, three times Top-k's whole sample, and SIDCo's fixed cost decides at
-# bucket sizes (benchmarks/sidco_cost.py).  8192 still hold 2048 entries above stage 1 and
-# ~500 above stage 2.  (The accelerators' host fits keep HOST_SAMPLE_MAX, 16384, as measured on
-# an H100: there the sample is one gather kernel whatever its size.)
+# The stage-1 sample of the host fits (the CPU host path and the accelerators' "host" fits).
+# On the CPU each sampled entry is a random read: 16384 of them cost 0.09 ms at 1M entries,
+# three times Top-k's whole sample, and SIDCo's fixed cost decides at bucket sizes
+# (benchmarks/sidco_cost.py).  On an H100 the sample is one gather kernel whatever its size, but
+# it is copied to the host and fitted there: 8192 instead of 16384 took SIDCo at CF 100 and
+# 1000 from 1.23-1.43x to 1.12-1.34x exact Top-k at bucket sizes (benchmarks/sidco_device_sample.py).
+# 8192 still hold 2048 entries above stage 1 and ~500 above stage 2.
 _HOST_SAMPLE = 1 << 13
 # Refine on the sample's counts (no candidate phase) only when it holds this many kept entries
 # (800: a count within ~3.5 %, against the 5 % tolerance; CF 10 with the 8192-entry sample).
@@ -110,8 +111,12 @@ _SAMPLE_FIT_MIN = 400
 # they are gathered nearer k: at CF 1000 at 0.4 % of the tensor instead of 1.6 %, where the
 # selection pass costs about a third less.
 _SAMPLE_DEEP_MIN = 100
-# The candidate phase fits and counts at most about this many candidates (see _fit_stride).
+# The candidate phase fits and counts at most about this many candidates (see _fit_stride): on the
+# CPU host path, and on accelerators, where they are first copied to the host (half as many
+# there took SIDCo at CF 100 and 1000 from 1.12-1.34x to 1.07-1.27x exact Top-k on an H100 at
+# bucket sizes, benchmarks/sidco_device_sample.py; the CPU's fits are native passes).
 _CANDIDATE_FITS = 1 << 16
+_DEVICE_CANDIDATE_FITS = 1 << 15
 
 
 class SIDCoSelector(ThresholdSelector):
@@ -199,15 +204,16 @@ class SIDCoSelector(ThresholdSelector):
         refinement round runs there (:meth:`_staged_on_host`).  Host synchronisations: the
         sample copy, the final ``nonzero`` (or the upload of the kept positions), and with a
         candidate phase the candidate ``nonzero`` and copy: at most four (plus one per
-        streaming-pass fit, which the default plan never needs on a 16384-entry sample).
+        streaming-pass fit, which the default plan never needs, as on the CPU host path).
 
         On an H100 this path cost 1.6-2.0x exact Top-k at CF 100 and 1000 with a 65536-entry
         sample, every candidate copied and fitted on, and the kept set picked on the device;
         with the smaller sample, at most 65536 candidates fitted on and the kept ones picked on
-        the host when they are all there, 1.3-1.65x at bucket sizes and 0.97-1.06x at 25M."""
+        the host when they are all there, 1.3-1.65x at bucket sizes and 0.97-1.06x at 25M;
+        with an 8192-entry sample and at most 32768 candidates, see ``_HOST_SAMPLE``."""
         n = flat.numel()
         squares = self.distribution != "exponential"
-        s = min(n, HOST_SAMPLE_MAX)
+        s = min(n, _HOST_SAMPLE)
         sample = _to_host(stratified_abs_sample(flat, s, self._generators(flat.device)))
 
         def pass_moments(threshold):
@@ -219,7 +225,7 @@ class SIDCoSelector(ThresholdSelector):
             idx, mag = select_abs_at_least(flat, at, expected / n, not final)
             if final:
                 return idx, None, 1
-            stride = _fit_stride(mag.numel())
+            stride = _fit_stride(mag.numel(), _DEVICE_CANDIDATE_FITS)
             host = _to_host(mag if stride == 1 else mag[::stride])
             return (idx, mag, host if stride == 1 else None), host, stride
 
@@ -524,14 +530,15 @@ class _Weighted:
         return self._moments.count_at_least(threshold) * self._stride
 
 
-def _fit_stride(count: int) -> int:
+def _fit_stride(count: int, limit: Optional[int] = None) -> int:
     """Every how many-th candidate the candidate phase fits and counts: all of them up to
-    ``_CANDIDATE_FITS``.  Each fit and refinement count is a pass over them on the host (about
+    ``limit`` (``_CANDIDATE_FITS``; on accelerators ``_DEVICE_CANDIDATE_FITS``).  Each fit and
+    refinement count is a pass over them on the host (about
     ten a call), and on an accelerator they are first copied there: at 25M entries and CF 100
     the candidates are 390k (1.6 %), which made those passes and the copy most of SIDCo's time
     on an H100 (1.7-1.9x exact Top-k).  65536 of them still hold thousands of kept entries
-    (a count within ~1 %, inside the 5 % tolerance)."""
-    return max(1, -(-count // _CANDIDATE_FITS))
+    (a count within ~1 %, inside the 5 % tolerance); 32768 still hold a count within ~1.5 %."""
+    return max(1, -(-count // (limit or _CANDIDATE_FITS)))
 
 
 def _moments_of(x: np.ndarray):
