@@ -56,7 +56,7 @@ def make_controller(spec: str) -> Controller:
         cf = float(arg)
         return Dense() if cf == DENSE else StaticCF(cf)
     if kind == "gravac":
-        kwargs = {"window": 20, **(json.loads(arg) if arg else {})}
+        kwargs = {"window": 20, "variant": "paper", **(json.loads(arg) if arg else {})}
         return GraVAC(**kwargs)
     raise ValueError(f"spec must be static:CF or gravac:{{json}}, got {spec!r}")
 

@@ -102,7 +102,7 @@ for _pol, _short, _comp, _max in (("exponential", "exp", "dgc", "1000"), ("geome
                                   ("exponential", "exp", "topk", "1000")):
     for _eps in ("0.7", "0.9"):
         CONFIGS[f"gravac-{_short}-{_comp}-eps{_eps}"] = (
-            "gravac", _comp, ["--controller", "gravac", "--compressor", _comp, "--policy", _pol,
+            "gravac", _comp, ["--controller", "gravac", "--variant", "paper", "--compressor", _comp, "--policy", _pol,
                               "--epsilon", _eps, "--theta-min", "10", "--theta-max", _max,
                               "--omega", "0.01"])
 CONFIGS["accordion-topk"] = ("accordion", "topk", [

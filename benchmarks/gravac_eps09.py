@@ -54,7 +54,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = "ngram-pydoc-chars"
 RUNS = [
     ("dense", ["--controller", "dense"]),
-    ("gravac-eps0.9", ["--controller", "gravac", "--compressor", "topk", "--epsilon", "0.9",
+    ("gravac-eps0.9", ["--controller", "gravac", "--variant", "paper", "--compressor", "topk", "--epsilon", "0.9",
                        "--theta-min", "10", "--theta-max", "1000", "--policy", "exponential",
                        "--omega", "0.01", "--window", "100"]),
 ]

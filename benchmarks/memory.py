@@ -111,7 +111,8 @@ def modes():
         """GraVAC doing all its per-step work but held at one decision (both levels used)."""
 
         def __init__(self, theta_min, candidate):
-            super().__init__(theta_min=theta_min, theta_max=candidate, epsilon=0.01, window=10 ** 9)
+            super().__init__(theta_min=theta_min, theta_max=candidate, epsilon=0.01, window=10 ** 9,
+                             variant="paper")
             self.pinned = Decision(candidate, theta_min, candidate)
             self.adopt(self.pinned)
 

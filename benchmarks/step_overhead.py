@@ -51,7 +51,7 @@ class PinnedGraVAC(hg.GraVAC):
 
     def __init__(self, theta_min, candidate):
         super().__init__(theta_min=theta_min, theta_max=max(candidate, theta_min), epsilon=0.01,
-                         window=10 ** 9)
+                         window=10 ** 9, variant="paper")
         self.pinned = Decision(candidate, theta_min, candidate)
         self.adopt(self.pinned)
 

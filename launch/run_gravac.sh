@@ -24,7 +24,8 @@ CONFIG (comma-separated list; default exponential-eps0.7):
   paper               all four, one after the other
 
 Overrides of a preset (environment): COMPRESSOR, THETA_MIN, THETA_MAX, EPSILON,
-OMEGA, WINDOW, POLICY (exponential|geometric). With SMOKE=1 the window defaults to 5
+OMEGA, WINDOW, POLICY (exponential|geometric), VARIANT (paper, the default here: the paper's
+rules; ladder, GraVAC()'s default; delivered). With SMOKE=1 the window defaults to 5
 steps so that the compression factor really moves in a 20-step run.
 
 Examples:
@@ -45,7 +46,7 @@ CONFIG="${CONFIG:-exponential-eps0.7}"
 # gravac_preset NAME COMPRESSOR THETA_MIN THETA_MAX POLICY WINDOW OMEGA EPSILON
 gravac_preset() {
   local name="$1"
-  gravac_run "gravac-$name" --controller gravac \
+  gravac_run "gravac-$name" --controller gravac --variant "${VARIANT:-paper}" \
     --compressor "${COMPRESSOR:-$2}" \
     --theta-min "${THETA_MIN:-$3}" --theta-max "${THETA_MAX:-$4}" \
     --policy "${POLICY:-$5}" --window "${WINDOW:-$6}" \

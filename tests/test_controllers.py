@@ -33,7 +33,7 @@ def test_policy_ladders_match_the_paper():
 
 def test_exponential_walks_10_20_40_160_1000():
     gains = {10: 0.99, 20: 0.95, 40: 0.9, 160: 0.8, 1000: 0.75}
-    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, omega=0.01, window=20,
+    ctrl = GraVAC(variant="paper", theta_min=10, theta_max=1000, epsilon=0.7, omega=0.01, window=20,
                   policy="exponential", ewma_alpha=1.0)
     sent = drive(ctrl, 120, lambda cf: gains.get(cf, 1.0), lambda cf: 100 * math.sqrt(cf))
     assert candidates_per_window(ctrl)[:5] == [10, 20, 40, 160, 1000]
@@ -49,7 +49,7 @@ def test_geometric_stops_at_1280_when_2000_is_within_omega():
         return {1280: 1029.9, 2000: 1035.4}.get(cf, 1029.9 * (cf / 1280) ** 0.3)
     g_c, g_min = 0.9, 0.99
     gain = lambda cf: g_min if cf == 10 else g_c
-    ctrl = GraVAC(theta_min=10, theta_max=2000, epsilon=0.7, omega=0.01, window=10,
+    ctrl = GraVAC(variant="paper", theta_min=10, theta_max=2000, epsilon=0.7, omega=0.01, window=10,
                   policy="geometric", ewma_alpha=1.0)
     sent = drive(ctrl, 140, gain, lambda cf: t_compress(cf) / (1.0 if cf == 1 else gain(cf)))
     seq = candidates_per_window(ctrl)
@@ -62,7 +62,7 @@ def test_geometric_stops_at_1280_when_2000_is_within_omega():
 
 def test_scale_down_to_theta_min_then_dense_and_back():
     state = {"g_c": 0.95, "g_min": 0.98}
-    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=5, ewma_alpha=1.0)
+    ctrl = GraVAC(variant="paper", theta_min=10, theta_max=1000, epsilon=0.7, window=5, ewma_alpha=1.0)
     gain = lambda cf: state["g_min"] if cf == ctrl.theta_min else state["g_c"]
     drive(ctrl, 11, gain, lambda cf: 100.0 * cf)   # window checks at 5 and 10, none at 12-14
     assert ctrl.decision.send_cf == ctrl.candidate_cf > 10
@@ -78,7 +78,7 @@ def test_scale_down_to_theta_min_then_dense_and_back():
 
 
 def test_theta_min_scales_up_when_gains_are_within_omega():
-    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, omega=0.01, window=10,
+    ctrl = GraVAC(variant="paper", theta_min=10, theta_max=1000, epsilon=0.7, omega=0.01, window=10,
                   policy="geometric", ewma_alpha=1.0)
     drive(ctrl, 20, lambda cf: 0.995 if cf > 10 else 0.996, lambda cf: 100.0 * cf ** 0.5)
     # window 1 evaluated 10 (== theta_min), window 2 evaluated 20 with gain within 1 %
@@ -87,7 +87,7 @@ def test_theta_min_scales_up_when_gains_are_within_omega():
 
 
 def test_ewma_defaults_to_paper_factor_and_is_defined_from_first_step():
-    ctrl = GraVAC(theta_min=10, theta_max=100, window=100)
+    ctrl = GraVAC(variant="paper", theta_min=10, theta_max=100, window=100)
     ctrl.set_world_size(4)
     assert ctrl._gain_min.alpha == pytest.approx(0.04)
     ctrl.observe(StepObservation(ef_sq=4.0, min_sq=3.0, candidate_sq=2.0, step_time=0.1))
@@ -97,7 +97,7 @@ def test_ewma_defaults_to_paper_factor_and_is_defined_from_first_step():
 
 
 def test_non_finite_observation_does_not_touch_gains():
-    ctrl = GraVAC(theta_min=10, theta_max=100, window=100, ewma_alpha=0.5)
+    ctrl = GraVAC(variant="paper", theta_min=10, theta_max=100, window=100, ewma_alpha=0.5)
     ctrl.observe(StepObservation(1.0, 0.9, 0.8, 0.1))
     ctrl.observe(StepObservation(float("nan"), float("nan"), 0.8, 0.1, finite=False))
     assert ctrl.gain_min == pytest.approx(0.9)
@@ -105,9 +105,9 @@ def test_non_finite_observation_does_not_touch_gains():
 
 def test_state_dict_round_trip_continues_identically():
     gain = lambda cf: 0.99 - cf / 5000
-    a = GraVAC(theta_min=10, theta_max=1000, window=7, ewma_alpha=0.3)
+    a = GraVAC(variant="paper", theta_min=10, theta_max=1000, window=7, ewma_alpha=0.3)
     drive(a, 30, gain, lambda cf: 50 * cf ** 0.5)
-    b = GraVAC(theta_min=10, theta_max=1000, window=7, ewma_alpha=0.3)
+    b = GraVAC(variant="paper", theta_min=10, theta_max=1000, window=7, ewma_alpha=0.3)
     b.load_state_dict(a.state_dict())
     assert drive(a, 40, gain, lambda cf: 50 * cf ** 0.5) == drive(b, 40, gain, lambda cf: 50 * cf ** 0.5)
 
@@ -150,7 +150,7 @@ def test_accordion_switches_low_in_critical_regimes_and_high_otherwise():
 def test_dense_first_step_never_wins_the_stop_rule():
     """Step 0 is sent dense; its throughput entry (CF 1) may be within omega of theta_min's.
     That must not count as saturation (it would reset the candidate to theta_min)."""
-    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.5, omega=0.05, window=5,
+    ctrl = GraVAC(variant="paper", theta_min=10, theta_max=1000, epsilon=0.5, omega=0.05, window=5,
                   policy="geometric", ewma_alpha=1.0)
     # dense and 10x give the same compression throughput; higher CFs do better
     t_comp = lambda cf: 100.0 if cf <= 10 else 100.0 * cf / 10
@@ -182,7 +182,7 @@ def _pickled_size(state):
 
 
 @pytest.mark.parametrize("make", [
-    lambda: GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=1, ewma_alpha=1.0),
+    lambda: GraVAC(variant="paper", theta_min=10, theta_max=1000, epsilon=0.7, window=1, ewma_alpha=1.0),
     lambda: Accordion(low_cf=10, high_cf=1000, threshold=0.5, interval=1),
 ], ids=["GraVAC", "Accordion"])
 def test_history_and_state_dict_stay_bounded(make):
@@ -218,7 +218,7 @@ def comm_bound(cf):
 
 
 def test_paper_variant_sends_theta_min_after_a_failed_rung():
-    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0)
+    ctrl = GraVAC(variant="paper", theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0)
     sent = drive(ctrl, 200, lambda cf: ISSUE_TRACE_GAINS[cf], comm_bound)
     assert candidates_per_window(ctrl)[:5] == [10, 20, 40, 160, 1000]
     assert set(sent[100:]) == {10}                    # the trace the ladder variant fixes
@@ -231,6 +231,36 @@ def test_ladder_keeps_the_highest_cf_that_passes():
     assert ctrl.theta_min == 40 and ctrl.candidate_cf == 160
     assert set(sent[60:]) == {40}                     # 160 fails epsilon: never sent
     assert ctrl.throughput.statistic == "median"
+
+
+def test_gravac_defaults_to_the_ladder_and_keeps_algorithm_1_as_paper():
+    """GraVAC() is the ladder (DEFAULT_VARIANT): on the issue's trace it ends sending the highest
+    CF that passes epsilon, where variant="paper" (Algorithm 1 as published) sends theta_min."""
+    from horovod_gravac.controllers import DEFAULT_VARIANT
+    from horovod_gravac.harness import train as T
+    assert DEFAULT_VARIANT == "ladder" and GraVAC().variant == "ladder" and GraVAC().epsilon == 0.7
+    assert T.resolve_args(["--out", "x"]).variant == DEFAULT_VARIANT   # the harness follows it
+    default = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0)
+    paper = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0, variant="paper")
+    assert default.config() != paper.config()   # a checkpoint of one is refused by the other
+    sent = drive(default, 200, lambda cf: ISSUE_TRACE_GAINS[cf], comm_bound)
+    assert set(sent[60:]) == {40}
+    assert set(drive(paper, 200, lambda cf: ISSUE_TRACE_GAINS[cf], comm_bound)[100:]) == {10}
+
+
+def test_the_paper_reproductions_pin_algorithm_1():
+    """The demo, the end-to-end benchmark, the ε 0.9 run and the launch scripts reproduce the
+    paper's GraVAC (and their committed results ran it): they ask for variant paper."""
+    from benchmarks import end_to_end, gravac_eps09
+    from horovod_gravac.harness import demo
+    gravac_runs = [flags for _, _, flags in demo.RUNS if "gravac" in flags]
+    gravac_runs += [flags for _, _, flags in end_to_end.CONFIGS.values() if "gravac" in flags]
+    gravac_runs += [flags for _, flags in gravac_eps09.RUNS if "gravac" in flags]
+    assert len(gravac_runs) >= 9
+    for flags in gravac_runs:
+        assert flags[flags.index("--variant") + 1] == "paper", flags
+    from conftest import ROOT
+    assert '--variant "${VARIANT:-paper}"' in (ROOT / "launch" / "run_gravac.sh").read_text()
 
 
 def test_ladder_stops_where_throughput_saturates():

@@ -142,7 +142,8 @@ def read_run(d):
 
 RUNS = {
     # name: (flags, steps)
-    "tinycnn-digits-gravac": (["--preset", "digits", "--controller", "gravac", "--epsilon", "0.7", "--window", "5",
+    "tinycnn-digits-gravac": (["--preset", "digits", "--controller", "gravac", "--variant", "paper",
+                               "--epsilon", "0.7", "--window", "5",
                                "--steps", "24", "--eval-every", "12"], 24),
     "resnet101-cifar10-static": (["--preset", "resnet101-cifar10", "--data", "{cifar10}", "--width", "2",
                                   "--compressor", "topk", "--controller", "static", "--cf", "20",

@@ -61,14 +61,14 @@ from typing import Dict, List, Optional
 
 from .runlog import is_finished
 
-_PAPER_GRAVAC = ["--controller", "gravac", "--compressor", "topk", "--epsilon", "0.9",
+_PAPER_GRAVAC = ["--controller", "gravac", "--variant", "paper", "--compressor", "topk", "--epsilon", "0.9",
                  "--policy", "exponential", "--theta-min", "10", "--theta-max", "1000"]
 # name, preset, extra flags for horovod_gravac.harness.train
 RUNS = [
     ("dense", "digits", ["--controller", "dense"]),
     ("static-topk100", "digits", ["--controller", "static", "--compressor", "topk", "--cf", "100"]),
     ("gravac-eps0.9", "digits", _PAPER_GRAVAC),
-    ("gravac-eps0.6", "digits", ["--controller", "gravac", "--compressor", "topk", "--epsilon", "0.6",
+    ("gravac-eps0.6", "digits", ["--controller", "gravac", "--variant", "paper", "--compressor", "topk", "--epsilon", "0.6",
                                  "--policy", "exponential", "--theta-min", "25", "--theta-max", "1000"]),
     ("ngram-dense", "ngram-pydoc-chars", ["--controller", "dense"]),
     ("ngram-gravac-eps0.9", "ngram-pydoc-chars", _PAPER_GRAVAC),

@@ -105,7 +105,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
 DEFAULTS: Dict[str, Any] = dict(
     model="tinycnn", dataset=None, data=None, controller="gravac", compressor="topk", cf=100.0,
     theta_min=10.0, theta_max=1000.0, epsilon=0.7, omega=0.01, window=500, policy="exponential",
-    ewma_alpha=None, variant="paper", hold_windows=1, low_cf=10.0, high_cf=1000.0, accordion_threshold=0.5, accordion_interval=100, powersgd_rank=1,
+    ewma_alpha=None, variant=C.DEFAULT_VARIANT, hold_windows=1, low_cf=10.0, high_cf=1000.0, accordion_threshold=0.5, accordion_interval=100, powersgd_rank=1,
     steps=200, eval_every=50, batch_size=32, eval_batch_size=None, lr=0.1, momentum=0.9,
     weight_decay=1e-4, lr_milestones="", lr_gamma=0.1, warmup_steps=0, clip_norm=None,
     momentum_correction=False, local_clip_norm=None,
@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--policy", choices=("exponential", "geometric"), help="GraVAC scaling policy")
     g.add_argument("--variant", choices=("paper", "ladder", "delivered"),
                    help="GraVAC rules: Algorithm 1 as published, the ladder variant, or the gain "
-                        "measured over a window on what error feedback delivered (default paper)")
+                        "measured over a window on what error feedback delivered (default ladder; "
+                        "paper for the paper's exact rules)")
     g.add_argument("--hold-windows", type=int, help="GraVAC delivered: windows a theta_min passes "
                                                     "before the rung above is tried (default 1)")
     g.add_argument("--low-cf", type=float, help="Accordion: CF in critical regimes (10)")
