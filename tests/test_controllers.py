@@ -263,6 +263,27 @@ def test_the_paper_reproductions_pin_algorithm_1():
     assert '--variant "${VARIANT:-paper}"' in (ROOT / "launch" / "run_gravac.sh").read_text()
 
 
+def test_ladder_steps_down_between_checks_instead_of_sending_dense():
+    """The row LSTM's trace: 20x passes early and theta_min moves up to it; then its gain sits just
+    under epsilon.  The ladder steps down to 10x within a step or two of the gain falling, not at
+    the next window check with every step until then sent dense."""
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0, variant="ladder")
+    sent = []
+    for step in range(120):
+        d = ctrl.decision
+        sent.append(d.send_cf)
+        late = step >= 50
+        gain = {10: 0.9, 20: 0.69 if late else 0.95, 40: 0.5}.get
+        ctrl.observe(StepObservation(ef_sq=1.0, min_sq=gain(d.theta_min), candidate_sq=gain(d.candidate_cf),
+                                     step_time=1.0 / comm_bound(d.send_cf), samples=1.0))
+    assert 20 in sent[25:50]                                   # up to 20x while it passed
+    assert sent[50:].count(DENSE) <= 2, sent[50:]              # one step to measure the new theta_min
+    assert set(sent[53:]) <= {10, 20} and ctrl.theta_min == 10 and ctrl.early_steps_down >= 1
+    assert ctrl.state_dict()["early_steps_down"] == ctrl.early_steps_down
+    paper = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0, variant="paper")
+    assert paper.early_steps_down == 0
+
+
 def test_ladder_stops_where_throughput_saturates():
     # comm_bound saturates: 640x is under 1 % faster than 320x, so 320x is kept.
     ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, variant="ladder",
