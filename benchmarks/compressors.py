@@ -79,6 +79,7 @@ Cost and quality targets are printed beside the figures with PASS/FAIL.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import ctypes
 import ctypes.util
@@ -331,6 +332,21 @@ class DeviceClock:
             out = fn()
             self.t = time.thread_time() - t0
         return out
+
+
+@contextlib.contextmanager
+def accelerator_path(device: torch.device):
+    """On the CPU, the selectors' accelerator path: the native host path and chunking off, so
+    the tensor operations are those a GPU would run (their times are only a proxy there).
+    Nothing changes on a GPU."""
+    from horovod_gravac.selection import kernels
+    saved = kernels._chunked, kernels.host_path
+    if device.type != "cuda":
+        kernels._chunked = kernels.host_path = lambda flat: False
+    try:
+        yield
+    finally:
+        kernels._chunked, kernels.host_path = saved
 
 
 def sweep_targets(numel: int, c_pass: float, c_topk: float):

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import horovod_gravac.selection.kernels as kernels
 import horovod_gravac.selection.sidco as sidco
-from benchmarks.compressors import make_input
+from benchmarks.compressors import DeviceClock, accelerator_path, make_input
 from horovod_gravac.compressors import SIDCoCompressor
 
 
@@ -48,35 +46,23 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     torch.set_num_threads(1)
-    saved = kernels._chunked, kernels.host_path, sidco._to_host
-    if not cuda:   # the accelerator path on the CPU
-        kernels._chunked = lambda flat: False
-        kernels.host_path = lambda flat: False
+    real_to_host = sidco._to_host
     copies = [0]
 
     def counting(t):
         copies[0] += 1
-        return saved[2](t)
+        return real_to_host(t)
     sidco._to_host = counting
     try:
-        _run(args, device, cuda, copies)
+        with accelerator_path(device):
+            _run(args, device, cuda, copies)
     finally:
-        kernels._chunked, kernels.host_path, sidco._to_host = saved
+        sidco._to_host = real_to_host
     return 0
 
 
 def _run(args, device, cuda, copies):
-
-    def timed(fn):
-        if cuda:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            return time.perf_counter() - t0
-        t0 = time.thread_time()
-        fn()
-        return time.thread_time() - t0
+    clock = DeviceClock(device)
 
     print(f"# SIDCo device_fits on {device}{' (the accelerator path, emulated)' if not cuda else ''}, "
           f"torch {torch.__version__}; median of {args.repeats}")
@@ -98,7 +84,8 @@ def _run(args, device, cuda, copies):
                     res[f] = dict(ops=ops.n, copies=copies[0], q=payload.values.numel() * cf / numel, t=[])
                 for _ in range(args.repeats):   # interleaved
                     for f, comp in comps.items():
-                        res[f]["t"].append(timed(lambda: comp.compress(t)))
+                        clock(lambda: comp.compress(t))
+                        res[f]["t"].append(clock.t)
                 d, h = res["device"], res["host"]
                 md, mh = statistics.median(d["t"]) * 1e3, statistics.median(h["t"]) * 1e3
                 print(f"{numel:>10,} {dist:<12}{cf:>5g}  {d['ops']:>8} {h['ops']:>8} {h['copies']:>6}  "

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
-import horovod_gravac.selection.kernels as kernels
 import horovod_gravac.selection.sidco as sidco
-from benchmarks.compressors import make_input
+from benchmarks.compressors import DeviceClock, accelerator_path, make_input
 from horovod_gravac.selection.topk import TopKSelector
 
 _KNOBS = ("_HOST_SAMPLE", "_DEVICE_CANDIDATE_FITS")
@@ -40,7 +38,7 @@ def _use(values) -> None:
         setattr(sidco, name, value)
 
 
-def compare(t: torch.Tensor, cf: float, distribution: str, repeats: int, timed) -> dict:
+def compare(t: torch.Tensor, cf: float, distribution: str, repeats: int, clock: DeviceClock) -> dict:
     """Per configuration: (median select time / Top-k's, min kept / k, max kept / k); and
     ``"topk_ms"``: Top-k's median."""
     configs = configurations()
@@ -55,14 +53,13 @@ def compare(t: torch.Tensor, cf: float, distribution: str, repeats: int, timed) 
             for name, values in configs.items():
                 _use(values)
                 selectors[name].set_step(r)
-                out = []
-                dt = timed(lambda: out.append(selectors[name].select(t, k)))
+                idx = clock(lambda: selectors[name].select(t, k))
                 if r:
-                    times[name].append(dt)
-                    kept[name].append(out[0].numel() / k)
-            dt = timed(lambda: topk.select(t, k))
+                    times[name].append(clock.t)
+                    kept[name].append(idx.numel() / k)
+            clock(lambda: topk.select(t, k))
             if r:
-                times["topk"].append(dt)
+                times["topk"].append(clock.t)
     finally:
         _use(configs["current"])
     ref = statistics.median(times["topk"])
@@ -82,24 +79,9 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     torch.set_num_threads(1)
-
-    def timed(fn):
-        if cuda:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            return time.perf_counter() - t0
-        t0 = time.thread_time()
-        fn()
-        return time.thread_time() - t0
-
-    saved = kernels._chunked, kernels.host_path
-    if not cuda:   # the accelerator path on the CPU
-        kernels._chunked = lambda flat: False
-        kernels.host_path = lambda flat: False
+    clock = DeviceClock(device)
     configs = configurations()
-    try:
+    with accelerator_path(device):
         print(f"# SIDCo host fits on {device}{' (the accelerator path, emulated)' if not cuda else ''}, "
               f"torch {torch.__version__}: earlier {configs['earlier']} against current {configs['current']} "
               f"({', '.join(_KNOBS)}); select time / exact Top-k's, median of {args.repeats}, "
@@ -110,11 +92,9 @@ def main(argv=None) -> int:
             t = make_input("laplace", n, 0).to(device)
             for cf in (float(c) for c in args.cfs.split(",")):
                 for dist in args.distributions.split(","):
-                    r = compare(t, cf, dist, args.repeats, timed)
+                    r = compare(t, cf, dist, args.repeats, clock)
                     cells = "  ".join(f"{r[c][0]:>7.2f}x {r[c][1]:>4.2f}-{r[c][2]:<4.2f}" for c in configs)
                     print(f"{n:>11,} {cf:>5g} {dist:<12} {cells}  {r['topk_ms']:>8.3f}", flush=True)
-    finally:
-        kernels._chunked, kernels.host_path = saved
     return 0
 
 
