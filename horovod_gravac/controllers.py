@@ -293,7 +293,7 @@ class GraVAC(Controller):
         self._retry_at: Dict[float, int] = {}   # "delivered": CF -> first window it may be tried again
         self._failures: Dict[float, int] = {}   # "delivered": CF -> failed checks since it last passed
         self._held = 0   # "delivered": windows the current theta_min has passed, sent as theta_min
-        self.early_steps_down = 0   # "ladder": step-downs between window checks (_step_down_if_failing)
+        self.early_steps_down = 0   # "ladder": _step_down_if_failing moves between window checks
         if variant == "delivered":
             # Window sums of the raw gradient (G) and of what was sent (D), every window.
             self.needs_accumulation = self.tracks_delivery = True
@@ -356,8 +356,8 @@ class GraVAC(Controller):
                 self._check_ladder()
             else:
                 self._check_gravac()
-        elif self.variant == "ladder":
-            self._step_down_if_failing()
+        elif self.variant == "ladder" and self._step_down_if_failing():
+            self.early_steps_down += 1
         self.decision = self._choose()
         return self.decision
 
@@ -434,8 +434,7 @@ class GraVAC(Controller):
         g_min, g_c = self.gain_min, self.gain_candidate
         self.throughput.close_window()
         move = "stay"
-        if g_min is not None and g_min < self.epsilon and self.theta_min > self.theta_min0:
-            self._move_down(g_min)
+        if self._step_down_if_failing():
             move = "down"
         elif g_c is not None and g_c >= self.epsilon and evaluated > self.theta_min \
                 and self.throughput.age(evaluated) == 0 and self._fresh(self.theta_min) \
@@ -451,24 +450,22 @@ class GraVAC(Controller):
             move = "up"
         self._record_check(evaluated, g_min, g_c, move=move, early_steps_down=self.early_steps_down)
 
-    def _move_down(self, g_min: float) -> None:
-        # theta_min no longer passes: the rung below becomes theta_min; the old one is the
-        # candidate again, with the gain just measured for it.
+    def _step_down_if_failing(self) -> bool:
+        """A theta_min above the first rung whose gain fell below epsilon: the rung below becomes
+        theta_min, and the old one the candidate again, with the gain just measured for it.
+
+        At window checks and, since the row LSTM's trace, between them too: every step until the
+        next check went dense before (a 20x theta_min at 0.70-0.71 sent 10-11 % of the steps
+        dense), while the rung below passed before the ladder left it and costs less.  Only the
+        rank-averaged gains decide this, no step time, so between checks every rank does the
+        same (``consensus``: there the ranks observe for themselves).  Returns whether it moved."""
+        g_min = self.gain_min
+        if g_min is None or g_min >= self.epsilon or self.theta_min <= self.theta_min0:
+            return False
         self.candidate_cf, self.theta_min = self.theta_min, self._rung_below(self.theta_min)
         self._gain_candidate.reset(g_min, self._gain_min.count)
         self._gain_min.reset(None)
-
-    def _step_down_if_failing(self) -> None:
-        """Between window checks: a theta_min above the first rung whose gain fell below epsilon
-        steps down at once, as the next check would, instead of every step until that check
-        going dense (on the row LSTM a 20x theta_min at 0.70-0.71 sent 10-11 % of the steps
-        dense).  The rung below passed before the ladder left it, and it costs less than dense.
-        Only the rank-averaged gains decide this, no step time, so every rank does the same
-        (``consensus``: between checks the ranks observe for themselves)."""
-        g_min = self.gain_min
-        if g_min is not None and g_min < self.epsilon and self.theta_min > self.theta_min0:
-            self._move_down(g_min)
-            self.early_steps_down += 1
+        return True
 
     # -- the "delivered" variant -----------------------------------------------------
     # The paper's gain ||C(g_ef)||^2 / ||g_ef||^2 is taken per step, before error feedback
