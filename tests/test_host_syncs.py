@@ -106,7 +106,18 @@ def test_further_compression_on_accelerators_keeps_the_payloads_largest_without_
         assert comp.last_quality == 1.0
 
 
-def test_decompress_does_not_sync():
+@pytest.mark.parametrize("name", ["topk", "dgc"])
+def test_select_further_keeping_everything_gives_the_cpus_answer_on_accelerators(name, accelerator_path):
+    """A ``k`` of at least the payload's count (``torch.topk`` refuses one above it) or of 0
+    leaves ``largest_of_payload`` to the selector itself, for Top-k as for threshold selectors."""
+    make = TopKCompressor if name == "topk" else DOCUMENTED[name][0]
+    values = torch.distributions.Laplace(0.0, 1.0).sample((5_000,))
+    for k in (0, 5_000, 6_000):
+        got = make(10).select_further(values, k)
+        own = make(10).select_payload(values, k)
+        assert torch.equal(got.indices, own.indices) and torch.equal(got.values, own.values), (name, k)
+    if name == "topk":   # before, its accelerator path raised here (torch.topk's k out of range)
+        assert make(10).select_further(values, 6_000).values.numel() == 5_000
     comp = TopKCompressor(cf=100)
     payload, ctx = comp.compress(torch.randn(100_000))
     buf = torch.empty(100_000)

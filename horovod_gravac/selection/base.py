@@ -61,8 +61,9 @@ def largest_of_payload(values: torch.Tensor, k: int) -> Optional[SparsePayload]:
     over the payload launches a few kernels and needs no synchronisation (``k`` is known on the
     host), and what it keeps is what every magnitude selector aims at: the ``k`` largest (Top-k's
     own further compression is exact anyway; for DGC, RedSync and SIDCo the kept count becomes
-    exactly ``k``).  NaN counts as largest, as in Top-k."""
-    if not _exact_further(values):
+    exactly ``k``).  NaN counts as largest, as in Top-k.  None too when ``k`` keeps nothing or
+    everything: the selector's own answer then (``topk`` would refuse a ``k`` above the count)."""
+    if not (_exact_further(values) and 0 < k < values.numel()):
         return None
     return sparse_payload(values, torch.topk(values.abs(), k, sorted=False).indices)
 

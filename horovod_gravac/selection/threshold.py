@@ -70,7 +70,7 @@ class ThresholdSelector(Selector):
     def select_further(self, values: torch.Tensor, k: int) -> SparsePayload:
         """On accelerators the payload's ``k`` largest magnitudes, exactly (see
         :func:`~.base.largest_of_payload`); on the CPU the selector's own estimate."""
-        further = largest_of_payload(values, k) if 0 < k < values.numel() else None
+        further = largest_of_payload(values, k)
         if further is None:
             return self.select_payload(values, k)
         self.last_quality = 1.0
