@@ -294,6 +294,7 @@ class GraVAC(Controller):
         self._failures: Dict[float, int] = {}   # "delivered": CF -> failed checks since it last passed
         self._held = 0   # "delivered": windows the current theta_min has passed, sent as theta_min
         self.early_steps_down = 0   # "ladder": _step_down_if_failing moves between window checks
+        self._gain_when_left: Dict[float, float] = {}   # "ladder": theta_min's gain when it climbed
         if variant == "delivered":
             # Window sums of the raw gradient (G) and of what was sent (D), every window.
             self.needs_accumulation = self.tracks_delivery = True
@@ -442,6 +443,8 @@ class GraVAC(Controller):
                 > self.throughput.compression[self.theta_min] * (1 + self.omega):
             # The candidate passed and was sent in this window at a better compression
             # throughput: it becomes theta_min, the next rung the candidate.
+            if g_min is not None:
+                self._gain_when_left[self.theta_min] = g_min
             self.theta_min = evaluated
             self._gain_min.reset(g_c, self._gain_candidate.count)
             self.candidate_cf = self._rung_above(evaluated)
@@ -458,13 +461,19 @@ class GraVAC(Controller):
         next check went dense before (a 20x theta_min at 0.70-0.71 sent 10-11 % of the steps
         dense), while the rung below passed before the ladder left it and costs less.  Only the
         rank-averaged gains decide this, no step time, so between checks every rank does the
-        same (``consensus``: there the ranks observe for themselves).  Returns whether it moved."""
+        same (``consensus``: there the ranks observe for themselves).
+
+        The new theta_min starts from the gain it had when the ladder climbed off it, counted as
+        one observation, so the next step's measurement weighs as much.  Left unknown, the next step went
+        dense (0-2 step-downs a run in the benchmark), though that rung passed epsilon when it was
+        left, and a lower CF keeps at least as much of the gradient (Top-k exactly) as the rung
+        that has just failed.  Returns whether it moved."""
         g_min = self.gain_min
         if g_min is None or g_min >= self.epsilon or self.theta_min <= self.theta_min0:
             return False
         self.candidate_cf, self.theta_min = self.theta_min, self._rung_below(self.theta_min)
         self._gain_candidate.reset(g_min, self._gain_min.count)
-        self._gain_min.reset(None)
+        self._gain_min.reset(self._gain_when_left.get(self.theta_min))
         return True
 
     # -- the "delivered" variant -----------------------------------------------------
@@ -587,7 +596,8 @@ class GraVAC(Controller):
                       "throughput": self.throughput.state_dict(), "history": list(self.history),
                       "history_count": self.history_count, "delivered_gain": dict(self.delivered_gain),
                       "retry_at": dict(self._retry_at), "failures": dict(self._failures),
-                      "held": self._held, "early_steps_down": self.early_steps_down})
+                      "held": self._held, "early_steps_down": self.early_steps_down,
+                      "gain_when_left": dict(self._gain_when_left)})
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -604,6 +614,7 @@ class GraVAC(Controller):
         self._failures = {float(k): int(v) for k, v in state.get("failures", {}).items()}
         self._held = int(state.get("held", 0))
         self.early_steps_down = int(state.get("early_steps_down", 0))
+        self._gain_when_left = {float(k): float(v) for k, v in state.get("gain_when_left", {}).items()}
 
 
 class Accordion(Controller):

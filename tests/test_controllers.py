@@ -277,11 +277,34 @@ def test_ladder_steps_down_between_checks_instead_of_sending_dense():
         ctrl.observe(StepObservation(ef_sq=1.0, min_sq=gain(d.theta_min), candidate_sq=gain(d.candidate_cf),
                                      step_time=1.0 / comm_bound(d.send_cf), samples=1.0))
     assert 20 in sent[25:50]                                   # up to 20x while it passed
-    assert sent[50:].count(DENSE) <= 2, sent[50:]              # one step to measure the new theta_min
-    assert set(sent[53:]) <= {10, 20} and ctrl.theta_min == 10 and ctrl.early_steps_down >= 1
+    # No dense step: the new theta_min starts from the gain 10x had when the ladder left it.
+    assert DENSE not in sent[50:], sent[50:]
+    assert set(sent[51:]) <= {10, 20} and ctrl.theta_min == 10 and ctrl.early_steps_down >= 1
     assert ctrl.state_dict()["early_steps_down"] == ctrl.early_steps_down
     paper = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0, variant="paper")
     assert paper.early_steps_down == 0
+
+
+def test_ladder_step_down_seeds_the_gain_then_measures_it():
+    """The seed is the gain the rung had when the ladder climbed off it, at one observation's
+    weight: a measurement after the step-down that fails epsilon takes over at once, and the step
+    after goes dense.  The seeds survive a checkpoint."""
+    state = {"gains": {10: 0.9, 20: 0.95, 40: 0.5, 160: 0.4, 1000: 0.3}}
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, variant="ladder")   # alpha 0.02
+    drive(ctrl, 50, lambda cf: state["gains"][cf], comm_bound)
+    assert ctrl.theta_min == 20 and ctrl.state_dict()["gain_when_left"] == {10: pytest.approx(0.9)}
+    resumed = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, variant="ladder")
+    resumed.load_state_dict(ctrl.state_dict())
+    for c in (ctrl, resumed):
+        state["gains"].update({20: 0.2, 10: 0.3})        # both fail: 20x's mean falls under 0.7 ...
+        sent = []
+        while c.theta_min == 20:
+            sent += drive(c, 1, lambda cf: state["gains"][cf], comm_bound)
+        assert c.gain_min == pytest.approx(0.9) and c.decision.send_cf == 10   # ... 10x from its seed
+        sent = drive(c, 2, lambda cf: state["gains"][cf], comm_bound)
+        assert sent == [10, DENSE] and c.gain_min == pytest.approx((0.9 + 0.3 + 0.3) / 3)
+        state["gains"].update({20: 0.95, 10: 0.9})
+    assert resumed.state_dict()["gain_when_left"] == ctrl.state_dict()["gain_when_left"]
 
 
 def test_ladder_stops_where_throughput_saturates():
