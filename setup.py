@@ -7,6 +7,7 @@ kernels = Extension(
     "horovod_gravac._kernels",
     sources=["horovod_gravac/_native/kernels.c"],
     extra_compile_args=["-O3", "-std=gnu99"],
+    libraries=["m"],   # log, exp, log1p, sqrt of SIDCo's gamma quantile
     optional=True,
 )
 

@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 __all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "redsync_search",
-           "exceedance_moments", "MomentsOf", "abs_sample", "scatter", "SLACK"]
+           "exceedance_moments", "MomentsOf", "abs_sample", "scatter", "gamma_upper_quantile", "SLACK"]
 
 # Extra slots every output buffer needs after its capacity (whole-vector stores).
 SLACK = 16
@@ -63,6 +63,8 @@ def _load() -> Optional[ctypes.CDLL]:
             lib.hg_abs_sample.argtypes = [_p, _i64, _i64, ctypes.c_double, ctypes.c_double, _p]
             lib.hg_scatter.restype = ctypes.c_int
             lib.hg_scatter.argtypes = [_p, _i64, _p, _p, _i64]
+            lib.hg_gamma_upper_quantile.restype = ctypes.c_double
+            lib.hg_gamma_upper_quantile.argtypes = [ctypes.c_double] * 5 + [ctypes.c_int]
             lib.hg_simd_level.restype = ctypes.c_int
             lib.hg_simd_level.argtypes = [ctypes.c_int]
             return lib
@@ -226,6 +228,13 @@ def abs_sample(x: np.ndarray, size: int, shift: float, phi: float) -> np.ndarray
     out = np.empty(size, dtype=np.float32)
     _LIB.hg_abs_sample(x.ctypes.data, x.size, int(size), float(shift), float(phi), out.ctypes.data)
     return out
+
+
+def gamma_upper_quantile(alpha: float, density: float, lg: float, lg1: float, z: float, newton_steps: int) -> float:
+    """``fits.gamma_upper_quantile_host`` in C, bit for bit (its ``lgamma(alpha)``, ``lgamma(alpha + 1)``
+    and normal quantile ``z`` come from Python, which computes them with its own code).
+    Call only when :func:`available`."""
+    return _LIB.hg_gamma_upper_quantile(alpha, density, lg, lg1, z, newton_steps)
 
 
 def scatter(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:

@@ -138,6 +138,26 @@ def test_gamma_quantile_host_equals_torch(alpha, density):
     assert gamma_upper_quantile_host(alpha, density) == pytest.approx(float(want), rel=1e-9)
 
 
+@needs_native
+def test_native_gamma_quantile_is_the_python_one_bit_for_bit(native_on):
+    """The C port of the host quantile returns the same double as the Python loops it replaces,
+    from alpha 0.01 to 1e4 and density 1e-300 to 1, and switching the kernels off changes nothing."""
+    from horovod_gravac.selection import fits
+    rng = np.random.default_rng(0)
+    alphas = [0.01, 0.1, 0.5, 0.8, 1.0, 1.2, 3.0, 100.0, 1e4] + list(np.exp(rng.uniform(np.log(0.01), np.log(1e4), 60)))
+    densities = [1e-300, 1e-9, 1e-4, 0.01, 0.25, 0.9, 1.0 - 1e-9, 1.0] + list(np.exp(rng.uniform(-25.0, 0.0, 20)))
+    for alpha in map(float, alphas):
+        for density in map(float, densities):
+            clamped = min(max(density, 1e-300), 1.0 - 1e-12)
+            want = fits._gamma_upper_quantile_python(alpha, clamped, math.lgamma(alpha))
+            assert gamma_upper_quantile_host(alpha, density) == want, (alpha, density)
+    previous = native.use("off")
+    try:
+        assert gamma_upper_quantile_host(1.2, 0.1) == fits._gamma_upper_quantile_python(1.2, 0.1, math.lgamma(1.2))
+    finally:
+        native.use(previous)
+
+
 @pytest.mark.parametrize("distribution", ["exponential", "gpareto", "gamma"])
 @pytest.mark.parametrize("moments", [(1000.0, 800.0, 2000.0), (50.0, 10.0, 2.5), (1.0, 3.0, 9.0)])
 @pytest.mark.parametrize("density", [0.25, 0.01, 1e-4])
