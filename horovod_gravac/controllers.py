@@ -464,10 +464,10 @@ class GraVAC(Controller):
         same (``consensus``: there the ranks observe for themselves).
 
         The new theta_min starts from the gain it had when the ladder climbed off it, counted as
-        one observation, so the next step's measurement weighs as much.  Left unknown, the next step went
-        dense (0-2 step-downs a run in the benchmark), though that rung passed epsilon when it was
-        left, and a lower CF keeps at least as much of the gradient (Top-k exactly) as the rung
-        that has just failed.  Returns whether it moved."""
+        one observation, so the next step's measurement weighs as much.  Left unknown, the next
+        step went dense (0-2 step-downs a run in the benchmark), though that rung passed epsilon
+        when it was left, and a lower CF keeps at least as much of the gradient (Top-k exactly)
+        as the rung that has just failed.  Returns whether it moved."""
         g_min = self.gain_min
         if g_min is None or g_min >= self.epsilon or self.theta_min <= self.theta_min0:
             return False

@@ -230,7 +230,8 @@ def abs_sample(x: np.ndarray, size: int, shift: float, phi: float) -> np.ndarray
     return out
 
 
-def gamma_upper_quantile(alpha: float, density: float, lg: float, lg1: float, z: float, newton_steps: int) -> float:
+def gamma_upper_quantile(alpha: float, density: float, lg: float, lg1: float, z: float,
+                         newton_steps: int) -> float:
     """``fits.gamma_upper_quantile_host`` in C, bit for bit (its ``lgamma(alpha)``, ``lgamma(alpha + 1)``
     and normal quantile ``z`` come from Python, which computes them with its own code).
     Call only when :func:`available`."""
