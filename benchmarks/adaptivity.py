@@ -263,6 +263,11 @@ def analyse(workload: str, rate: str, runs: Dict[str, dict], timings: Optional[D
             def step_seconds(s):
                 return timings.get(TIMED_BY_CF.get(float(s.get("cf") or 1.0)), float("nan"))
         times = curve(run_, step_seconds)
+        if times and math.isnan(times[-1]) and name != "dense":   # (dense: its row holds the target)
+            # Trained at another rate, and a CF it sent has no timing run at this one (runs with
+            # --only time nothing): it cannot be placed in time here, so it is left out rather
+            # than judged (a NaN time made "never slower than Accordion" read as failed).
+            continue
         scores = score(run_["evals"], metric)
         tta = next((times[e["step"] - 1] for e, v in zip(run_["evals"], scores) if reached(v, target, metric)), None)
         floats = sum(s.get("floats_sent") or 0 for s in run_["steps"])
@@ -327,9 +332,14 @@ def goals(rows: List[dict], paths: List[dict], shares: Dict[Tuple[str, str], Opt
             continue
         if share is not None and share >= 0.5:
             s = g["speedup_vs_topk10"]
+            topk10 = by.get((w, rate, "topk-cf10"))
+            if topk10 is not None and topk10["tta_s"] is None:   # Top-k 10x never reached the target
+                measured, ok = (f"Top-k 10x never within tolerance; GraVAC {'reached it' if g['tta_s'] else 'neither'} "
+                                f"(comm {100 * share:.0f} % of a 10x step)"), g["tta_s"] is not None
+            else:
+                measured, ok = f"{fmt(s)}x (comm {100 * share:.0f} % of a 10x step)", s is not None and s >= 1.5
             out.append({"goal": "1.5x faster than static Top-k 10x where comm >= half its step", "workload": w,
-                        "rate": rate, "measured": f"{fmt(s)}x (comm {100 * share:.0f} % of a 10x step)",
-                        "pass": s is not None and s >= 1.5})
+                        "rate": rate, "measured": measured, "pass": ok})
         acc = by.get((w, rate, "accordion-topk"))
         s = g["speedup_vs_accordion"]
         if acc is None:   # no Accordion run (--only without it): nothing to judge
@@ -343,6 +353,11 @@ def goals(rows: List[dict], paths: List[dict], shares: Dict[Tuple[str, str], Opt
             out.append({"goal": "never slower than Accordion", "workload": w, "rate": rate,
                         "measured": f"{fmt(s)}x Accordion's time", "pass": s is not None and s >= 1.0})
         s = g["vs_best_static"]
+        if g["best_static"] is None:   # no static CF (of those timed at this rate) reached the target
+            out.append({"goal": "within 10 % of the best static CF in hindsight", "workload": w, "rate": rate,
+                        "measured": "no static CF within tolerance; GraVAC "
+                                    f"{'reached it' if g['tta_s'] else 'neither'}", "pass": g["tta_s"] is not None})
+            continue
         out.append({"goal": "within 10 % of the best static CF in hindsight", "workload": w, "rate": rate,
                     "measured": f"{fmt(s)}x {g['best_static']}'s time", "pass": s is not None and s >= 1 / 1.1})
     return out

@@ -47,6 +47,35 @@ def test_fixed_configurations_are_timed_by_the_cf_each_step_sent():
     assert rows["accordion-topk"]["tta_s"] == pytest.approx(1.2)      # reached at step 4
 
 
+def test_fixed_configurations_without_a_timing_at_this_rate_are_left_out_not_judged():
+    # --only runs time nothing: Accordion trained at 100mbit sent 1000x, which has no timing at
+    # 1gbit.  Its row and its goal are left out there (a NaN time read as "slower than Accordion").
+    runs = {"dense": fake_run([1] * 4, [98, 98]), "accordion-topk": fake_run([10, 10, 1000, 1000], [97, 98]),
+            "gravac-ladder-exp-topk-eps0.7": fake_run([10] * 4, [98, 98])}
+    rows = A.analyse("digits", "1gbit", runs, {"topk-cf10": 0.5}, ARGS)
+    assert {r["config"] for r in rows} == {"dense", "gravac-ladder-exp-topk-eps0.7"}   # dense keeps the target
+    goals = [c["goal"] for c in A.goals(rows, [], {("digits", "1gbit"): 0.3}, "gravac-ladder-exp-topk-eps0.7")]
+    assert "never slower than Accordion" not in goals
+
+
+def test_best_static_goal_when_no_static_cf_reaches_the_target():
+    rows = [{"workload": "w", "rate": "r", "config": "g", "tta_s": 5.0, "speedup_vs_topk10": None,
+             "speedup_vs_accordion": None, "vs_best_static": None, "best_static": None}]
+    check = next(c for c in A.goals(rows, [], {("w", "r"): 0.3}, "g") if "best static" in c["goal"])
+    assert check["pass"] is True and "no static CF" in check["measured"]
+    rows[0]["tta_s"] = None
+    check = next(c for c in A.goals(rows, [], {("w", "r"): 0.3}, "g") if "best static" in c["goal"])
+    assert check["pass"] is False
+
+
+def test_speedup_goal_when_top_k_10x_never_reaches_the_target():
+    rows = [{"workload": "w", "rate": "r", "config": "topk-cf10", "tta_s": None},
+            {"workload": "w", "rate": "r", "config": "g", "tta_s": 5.0, "speedup_vs_topk10": None,
+             "speedup_vs_accordion": None, "vs_best_static": None, "best_static": None}]
+    check = next(c for c in A.goals(rows, [], {("w", "r"): 0.8}, "g") if c["goal"].startswith("1.5x"))
+    assert check["pass"] is True and "Top-k 10x never" in check["measured"]
+
+
 def test_language_model_target_is_relative_perplexity():
     rows = {r["config"]: r for r in A.analyse("tinylstm-pydoc", "1gbit",
                                               {"dense": lm([120, 100]), "topk-cf10": lm([101.9, 99])},
