@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import importlib.machinery
 import os
+import warnings
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -40,6 +41,36 @@ _p = ctypes.c_void_p
 _i64 = ctypes.c_int64
 
 
+# Every entry point, with its (restype, argtypes).
+_SIGNATURES = {
+    "hg_select": (_i64, [_p, _i64, ctypes.c_float, ctypes.c_int, ctypes.c_double, _p, _p, _i64, ctypes.c_int]),
+    "hg_drop_smallest": (ctypes.c_int, [_p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int, ctypes.c_int]),
+    "hg_redsync": (_i64, [_p, _p, _i64, ctypes.c_float, ctypes.c_float, ctypes.c_double, ctypes.c_double,
+                          ctypes.c_int, _p, ctypes.c_int]),
+    "hg_exceedance_moments": (None, [_p, _i64, ctypes.c_float, ctypes.c_int, _p]),
+    "hg_abs_sample": (None, [_p, _i64, _i64, ctypes.c_double, ctypes.c_double, _p]),
+    "hg_scatter": (ctypes.c_int, [_p, _i64, _p, _p, _i64]),
+    "hg_gamma_upper_quantile": (ctypes.c_double, [ctypes.c_double] * 5 + [ctypes.c_int]),
+    "hg_simd_level": (ctypes.c_int, [ctypes.c_int]),
+}
+
+
+def _configure(lib, path) -> Optional[ctypes.CDLL]:
+    """``lib`` with every entry point's types set, or None (with a warning) when one is missing:
+    a library built from older sources (a checkout updated without rebuilding) would otherwise
+    fail the import of the whole package at the first missing name."""
+    missing = [name for name in _SIGNATURES if not hasattr(lib, name)]
+    if missing:
+        warnings.warn(f"horovod_gravac: the native kernels at {path} lack {', '.join(missing)} (built from "
+                      f"older sources?); running the NumPy code instead. Rebuild them with "
+                      f"'python setup.py build_ext --inplace' or reinstall the package.", RuntimeWarning)
+        return None
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
 def _load() -> Optional[ctypes.CDLL]:
     here = Path(__file__).resolve().parent
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
@@ -49,25 +80,7 @@ def _load() -> Optional[ctypes.CDLL]:
                 lib = ctypes.CDLL(str(path))
             except OSError:
                 return None
-            lib.hg_select.restype = _i64
-            lib.hg_select.argtypes = [_p, _i64, ctypes.c_float, ctypes.c_int, ctypes.c_double,
-                                      _p, _p, _i64, ctypes.c_int]
-            lib.hg_drop_smallest.restype = ctypes.c_int
-            lib.hg_drop_smallest.argtypes = [_p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
-            lib.hg_redsync.restype = _i64
-            lib.hg_redsync.argtypes = [_p, _p, _i64, ctypes.c_float, ctypes.c_float, ctypes.c_double,
-                                       ctypes.c_double, ctypes.c_int, _p, ctypes.c_int]
-            lib.hg_exceedance_moments.restype = None
-            lib.hg_exceedance_moments.argtypes = [_p, _i64, ctypes.c_float, ctypes.c_int, _p]
-            lib.hg_abs_sample.restype = None
-            lib.hg_abs_sample.argtypes = [_p, _i64, _i64, ctypes.c_double, ctypes.c_double, _p]
-            lib.hg_scatter.restype = ctypes.c_int
-            lib.hg_scatter.argtypes = [_p, _i64, _p, _p, _i64]
-            lib.hg_gamma_upper_quantile.restype = ctypes.c_double
-            lib.hg_gamma_upper_quantile.argtypes = [ctypes.c_double] * 5 + [ctypes.c_int]
-            lib.hg_simd_level.restype = ctypes.c_int
-            lib.hg_simd_level.argtypes = [ctypes.c_int]
-            return lib
+            return _configure(lib, path)
     return None
 
 

@@ -50,6 +50,20 @@ def test_the_install_built_the_library():
     assert native._LIB is not None
 
 
+def test_a_library_built_from_older_sources_falls_back_to_numpy_with_a_warning():
+    """A checkout updated without rebuilding keeps an old library that lacks newer entry points:
+    the package still imports, warns how to rebuild, and runs the NumPy code."""
+    class Stale:   # the entry points of an older build: everything but the gamma quantile
+        pass
+    stale = Stale()
+    for name in native._SIGNATURES:
+        if name != "hg_gamma_upper_quantile":
+            setattr(stale, name, getattr(native._LIB, name))
+    with pytest.warns(RuntimeWarning, match="hg_gamma_upper_quantile.*build_ext --inplace"):
+        assert native._configure(stale, "/old/_kernels.so") is None
+    assert native._configure(native._LIB, "x") is native._LIB
+
+
 def test_use_validates_and_reports_the_path():
     previous = native.use("off")
     try:
