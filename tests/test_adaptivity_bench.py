@@ -76,6 +76,24 @@ def test_speedup_goal_when_top_k_10x_never_reaches_the_target():
     assert check["pass"] is True and "Top-k 10x never" in check["measured"]
 
 
+def test_same_payload_paths_are_judged_by_the_median_of_their_interleaved_runs():
+    def runs(*step_s):
+        return [fake_run([10] * 20, [98], step_s=t) for t in step_s]
+    rounds = {"static": runs(0.10, 0.30, 0.11), "accordion-pinned": runs(0.105, 0.104, 0.5),
+              "gravac-pinned": runs(0.108, 0.2, 0.107)}
+    row = A.path_row("w", "r", rounds)
+    # one slow run of a path (a noisy neighbour) no longer decides the goal
+    assert row["static_ms"] == pytest.approx(110.0) and row["accordion-pinned_ms"] == pytest.approx(105.0)
+    assert row["gravac-pinned_ms"] == pytest.approx(108.0) and row["rounds"] == 3
+    assert row["spread"] == pytest.approx(110.0 / 105.0 - 1)
+    check = A.goals([], [row], {}, "g")[0]
+    assert check["pass"] is True and "median of 3 interleaved runs" in check["measured"]
+    assert A.path_row("w", "r", {**rounds, "gravac-pinned": []}) is None   # a path without a run
+    assert A.path_dir_name("static", 0) == "__path__static"                 # earlier results: one run
+    with pytest.raises(SystemExit):
+        A.main(["--report-only", "--out", "/tmp/unused", "--path-rounds", "0"])
+
+
 def test_language_model_target_is_relative_perplexity():
     rows = {r["config"]: r for r in A.analyse("tinylstm-pydoc", "1gbit",
                                               {"dense": lm([120, 100]), "topk-cf10": lm([101.9, 99])},
