@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import math
 import os
 import statistics
@@ -168,31 +169,12 @@ PATHS = {
 # a single lucky or unlucky one decides whether a run is "within 0.5 pp".
 LATE_EVALS = 4
 TIMED_CFS = {"dense": 1.0, "topk-cf10": 10.0, "topk-cf100": 100.0, "topk-cf1000": 1000.0}
+TIMED_BY_CF = {cf: name for name, cf in TIMED_CFS.items()}
 # The same-payload runs are repeated this many times, the three paths interleaved, and each path
 # is judged by the median of its runs' median step periods.  One 50-step run of each, one after
 # another, moved by 10-30 % between two runs of the same code on this 2-core machine (the miss of
 # the 10 % goal went from digits at 100 Mbit/s to the word LSTM at 1 Gbit/s).
 PATH_ROUNDS = 3
-
-
-def path_dir_name(name: str, round_: int) -> str:
-    """Round 0 keeps the name of the single run earlier results have."""
-    return f"__path__{name}" if round_ == 0 else f"__path__{name}.r{round_}"
-
-
-def path_row(workload: str, rate: str, rounds: Dict[str, List[dict]]) -> Optional[dict]:
-    """The same-payload row of one cell from every finished round of every path (None unless
-    every path has at least one): per path the median over rounds of the median step period and
-    of the median communication time, and the spread between the fastest and slowest path."""
-    if not rounds or not all(rounds.get(n) for n in PATHS):
-        return None
-    ms = {f"{n}_ms": 1000 * statistics.median(median_step(r) for r in rounds[n]) for n in PATHS}
-    comm = {f"{n}_comm_ms": 1000 * statistics.median(
-        statistics.median(st["comm_time"] for st in r["steps"][WARMUP:]) for r in rounds[n]) for n in PATHS}
-    vals = list(ms.values())
-    return {"workload": workload, "rate": rate, **ms, "spread": max(vals) / min(vals) - 1, **comm,
-            "rounds": min(len(rounds[n]) for n in PATHS)}
-TIMED_BY_CF = {cf: name for name, cf in TIMED_CFS.items()}
 
 
 def log(msg: str) -> None:
@@ -245,6 +227,25 @@ def step_periods(run_: dict) -> List[float]:
 
 def median_step(run_: dict) -> float:
     return statistics.median(step_periods(run_)[WARMUP:])
+
+
+def path_dir_name(name: str, round_: int) -> str:
+    """Round 0 keeps the name of the single run earlier results have."""
+    return f"__path__{name}" if round_ == 0 else f"__path__{name}.r{round_}"
+
+
+def path_row(workload: str, rate: str, rounds: Dict[str, List[dict]]) -> Optional[dict]:
+    """The same-payload row of one cell from every finished round of every path (None unless
+    every path has at least one): per path the median over rounds of the median step period and
+    of the median communication time, and the spread between the fastest and slowest path."""
+    if not rounds or not all(rounds.get(n) for n in PATHS):
+        return None
+    ms = {f"{n}_ms": 1000 * statistics.median(median_step(r) for r in rounds[n]) for n in PATHS}
+    comm = {f"{n}_comm_ms": 1000 * statistics.median(
+        statistics.median(st["comm_time"] for st in r["steps"][WARMUP:]) for r in rounds[n]) for n in PATHS}
+    vals = list(ms.values())
+    return {"workload": workload, "rate": rate, **ms, "spread": max(vals) / min(vals) - 1, **comm,
+            "rounds": min(len(rounds[n]) for n in PATHS)}
 
 
 # --------------------------------------------------------------------------- analysis
@@ -573,7 +574,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     def path_rounds(w, rate, name):
         found = []
-        for round_ in range(1000):
+        for round_ in itertools.count():
             r = load_run(rd(w, rate, path_dir_name(name, round_)))
             if r is None:
                 break
