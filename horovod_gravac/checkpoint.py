@@ -274,9 +274,17 @@ def _has_zip_end(path: str, size: int) -> bool:
         return b"PK\x05\x06" in f.read()
 
 
+# GraVAC settings added after checkpoints were first written, with the value that reproduces
+# how a controller behaved before the setting existed: a checkpoint without one compares as if
+# it held that value.
+_GRAVAC_SETTINGS_ADDED = {"split_rungs": False}
+
+
 def _normalise(field, value):
     if field == "parameters" and value is not None:
         return [(n, tuple(s), str(d)) for n, s, d in value]
+    if field == "controller" and isinstance(value, dict) and value.get("type") == "GraVAC":
+        return {**_GRAVAC_SETTINGS_ADDED, **value}
     return value
 
 

@@ -388,6 +388,69 @@ def test_pinned_ladder_sends_its_only_cf():
     assert sent[0] == DENSE and set(sent[1:]) == {10}
 
 
+def cnn1d_gain(cf):
+    """Gain falling smoothly with the CF, as measured on the 1D CNN over 1200 steps (10x about
+    0.80, 20x about 0.65): epsilon 0.7 is crossed between the two rungs, near 15x."""
+    return 0.80 - 0.15 * math.log2(cf / 10.0)
+
+
+def link_bound(cf):
+    """A step that is all communication: its throughput grows with the CF, so every CF that
+    passes epsilon pays (``comm_bound``'s 14.1x would gain under omega over 10x)."""
+    return 100.0 * cf
+
+
+def test_ladder_split_rungs_finds_the_cf_between_two_rungs():
+    """20x fails: the next window measures 14.1x (the geometric mean of 10 and 20), which passes,
+    is sent a window (its throughput) and taken; 16.8x (between 14.1 and 20) is under
+    SPLIT_MIN_RATIO of theta_min and is not tried.  Without the split the ladder sends 10x to the end."""
+    split = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0, split_rungs=True)
+    plain = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0)
+    assert plain.split_rungs is False and split.config()["split_rungs"] is True
+    sent = drive(split, 200, cnn1d_gain, link_bound)
+    assert candidates_per_window(split)[:3] == [20, 14.1, 20]
+    assert [h["move"] for h in split.history][:3] == ["split", "up", "stay"]
+    assert split.theta_min == 14.1 and split.candidate_cf == 20 and split.splits == 1
+    assert set(sent[60:]) == {14.1} and 20 not in sent
+    assert set(drive(plain, 200, cnn1d_gain, link_bound)[1:]) == {10}
+
+
+def test_ladder_split_rungs_goes_back_to_the_rung_and_follows_gains_that_rise():
+    """Where the split fails too, the candidate returns to the policy's rung, so a rung whose
+    gain rises later is still taken; splits between higher rungs bisect the same way, and the
+    state (counts included) survives a checkpoint."""
+    state = {"shift": -0.2}
+    gain = lambda cf: cnn1d_gain(cf) + (0.1 if cf == 10 else state["shift"])
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, split_rungs=True)
+    sent = drive(ctrl, 60, gain, link_bound)
+    assert candidates_per_window(ctrl) == [20, 14.1, 20, 14.1, 20, 14.1] and set(sent[1:]) == {10}
+    assert [h["move"] for h in ctrl.history][:2] == ["split", "rung"] and ctrl.splits == 3
+    state["shift"] = 0.3                # later in training every CF up to ~63x passes
+    resumed = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, split_rungs=True)
+    resumed.load_state_dict(ctrl.state_dict())
+    assert resumed.splits == 3
+    runs = [drive(c, 300, gain, link_bound) for c in (ctrl, resumed)]
+    assert runs[0] == runs[1] and set(runs[0][200:]) == {56.6}
+    # 20 and 40 pass, 160 fails, then 80 (between 40 and 160), then 56.6 passes; above it 95.2
+    # and 73.4 fail, and 64.5 would be under SPLIT_MIN_RATIO of 56.6: back to 160.
+    assert candidates_per_window(ctrl)[6:14] == [20, 40, 160, 80, 56.6, 160, 95.2, 73.4]
+    assert ctrl.theta_min == 56.6 and ctrl.candidate_cf in (160, 95.2, 73.4)
+    with pytest.raises(ValueError, match="split_rungs"):
+        GraVAC(split_rungs="yes")
+
+
+def test_checkpoints_before_split_rungs_compare_as_split_rungs_off():
+    """A checkpoint written before the setting existed holds no split_rungs: it is the rungs-only
+    ladder, and loads into GraVAC(split_rungs=False) without a complaint."""
+    from horovod_gravac import checkpoint
+    old = GraVAC().config()
+    del old["split_rungs"]
+    meta = lambda cfg: checkpoint.describe(cfg, "TopK(10)", 2, 0, [("w", (3,), "torch.float32")])
+    checkpoint.check_compatible(meta(old), meta(GraVAC(split_rungs=False).config()))
+    with pytest.raises(checkpoint.CheckpointError, match="split_rungs=True"):
+        checkpoint.check_compatible(meta(old), meta(GraVAC(split_rungs=True).config()))
+
+
 # -- the "delivered" variant -----------------------------------------------------------
 def drive_delivered(ctrl, steps, gain, throughput, finite=lambda step: True):
     """Like ``drive``, but the gain of the CF sent is reported the way the optimizer does
