@@ -218,3 +218,17 @@ def test_delivered_configurations_name_their_hold_windows():
         if "--variant" in flags and flags[flags.index("--variant") + 1] == "delivered":
             hold = flags[flags.index("--hold-windows") + 1]
             assert hold == ("1" if name.endswith("-hold1") else "0"), name
+
+
+def test_ladder_configurations_name_their_split_rungs():
+    """The committed ladder results ran on the policy's rungs alone: those configurations say
+    so, whatever the library's default, and "-split" ones ask for the split."""
+    from horovod_gravac.harness.train import make_controller, resolve_args
+    seen = 0
+    for name, (_, flags) in A.CONFIGS.items():
+        if "--variant" in flags and flags[flags.index("--variant") + 1] == "ladder":
+            cmd = A.train_command("digits", flags, "/tmp/x", 10, 5)
+            ctrl = make_controller(resolve_args(cmd[cmd.index("horovod_gravac.harness.train") + 1:]))
+            assert ctrl.split_rungs is name.endswith("-split"), name
+            seen += name.endswith("-split")
+    assert seen >= 1
