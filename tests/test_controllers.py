@@ -437,6 +437,10 @@ def test_ladder_split_rungs_goes_back_to_the_rung_and_follows_gains_that_rise():
     assert ctrl.theta_min == 56.6 and ctrl.candidate_cf in (160, 95.2, 73.4)
     with pytest.raises(ValueError, match="split_rungs"):
         GraVAC(split_rungs="yes")
+    for variant in ("paper", "delivered"):   # their rules have no rungs to split between
+        with pytest.raises(ValueError, match="ladder"):
+            GraVAC(variant=variant, split_rungs=True)
+        assert GraVAC(variant=variant, split_rungs=False).split_rungs is False
 
 
 def test_checkpoints_before_split_rungs_compare_as_split_rungs_off():
