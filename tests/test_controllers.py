@@ -455,6 +455,84 @@ def test_checkpoints_before_split_rungs_compare_as_split_rungs_off():
         checkpoint.check_compatible(meta(old), meta(GraVAC(split_rungs=True).config()))
 
 
+def below_theta_min_gain(cf):
+    """Early in the 1D CNN's training: theta_min = 10x just under epsilon 0.7, 5x well above it."""
+    return {5: 0.82, 10: 0.68, 20: 0.55, 40: 0.45, 160: 0.3, 1000: 0.1}[cf]
+
+
+def test_ladder_fallback_cf_sends_the_lower_cf_instead_of_dense_while_it_passes():
+    """theta_min fails epsilon: Algorithm 1 (and the plain ladder) send dense; with fallback_cf the
+    levels become (5, 10), the first step measures 5x's gain (dense: nothing is known of it yet),
+    then 5x is sent while it passes, and 10x as soon as its gain passes again."""
+    state = {"gain": below_theta_min_gain}
+    gain = lambda cf: state["gain"](cf)
+    plain = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0)
+    fb = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, fallback_cf=5)
+    assert plain.fallback_cf is None and fb.config()["fallback_cf"] == 5.0
+    assert set(drive(plain, 30, gain, comm_bound)) == {DENSE}
+    sent = drive(fb, 30, gain, comm_bound)
+    assert sent[:2] == [DENSE, DENSE] and set(sent[2:]) == {5.0}
+    assert fb.decision.theta_min == 5 and fb.decision.candidate_cf == 10 and fb.theta_min == 10
+    assert fb.gain_fallback == pytest.approx(0.82) and fb.fallback_steps == 28
+    assert 5.0 in fb.throughput.compression        # measured like any CF it sent
+    state["gain"] = lambda cf: ISSUE_TRACE_GAINS.get(cf, 0.9)   # 10x passes again: back on the ladder
+    sent = drive(fb, 60, gain, comm_bound)
+    assert sent[0] == 5.0 and sent[1] == 10 and 5.0 not in sent[1:] and fb.theta_min == 40
+
+
+def test_ladder_fallback_goes_dense_when_the_fallback_fails_too_and_remembers_its_gain():
+    state = {"g5": 0.65}
+    gain = lambda cf: state["g5"] if cf == 5 else below_theta_min_gain(cf)
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, fallback_cf=5)
+    assert set(drive(ctrl, 20, gain, comm_bound)) == {DENSE} and ctrl.fallback_steps == 0
+    state["g5"] = 0.82
+    assert drive(ctrl, 3, gain, comm_bound) == [DENSE, 5.0, 5.0]
+    up = lambda cf: 0.75 if cf == 10 else gain(cf)               # leaves the fallback ...
+    assert drive(ctrl, 2, up, comm_bound) == [5.0, 10]
+    # ... and falls back again: 5x's last gain counts as one observation, so it is sent at once.
+    assert drive(ctrl, 3, gain, comm_bound) == [10, 5.0, 5.0]
+
+
+def test_ladder_steps_down_then_falls_back_to_the_fallback_cf():
+    state = {"gains": {**ISSUE_TRACE_GAINS, 5: 0.9}}
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, fallback_cf=5)
+    drive(ctrl, 60, lambda cf: state["gains"][cf], comm_bound)
+    assert ctrl.theta_min == 40
+    state["gains"].update({40: 0.6, 20: 0.65, 10: 0.68})          # a critical phase: no rung passes
+    sent = drive(ctrl, 40, lambda cf: state["gains"][cf], comm_bound)
+    assert ctrl.theta_min == 10 and sent[-1] == 5.0 and sent.count(DENSE) <= 1
+    state["gains"] = {**ISSUE_TRACE_GAINS, 5: 0.9}           # and back up once it passes again
+    sent = drive(ctrl, 60, lambda cf: state["gains"][cf], comm_bound)
+    assert ctrl.theta_min == 40 and ctrl.decision.send_cf == 40 and DENSE not in sent
+
+
+def test_ladder_fallback_state_round_trip_and_validation():
+    gain = lambda cf: {5: 0.8, 10: 0.69}.get(cf, 0.5)
+    make = lambda: GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=7, ewma_alpha=0.3, fallback_cf=5)
+    a = make()
+    drive(a, 12, gain, comm_bound)
+    b = make()
+    b.load_state_dict(a.state_dict())
+    assert b.fallback_steps == a.fallback_steps > 0 and b.gain_fallback == a.gain_fallback
+    assert drive(a, 30, gain, comm_bound) == drive(b, 30, gain, comm_bound)
+    for bad in (10, 20, 1, 0.5, float("nan")):
+        with pytest.raises(ValueError, match="fallback_cf"):
+            GraVAC(theta_min=10, fallback_cf=bad)
+    for variant in ("paper", "delivered"):   # Algorithm 1's dense step is part of what "paper" reproduces
+        with pytest.raises(ValueError, match="ladder"):
+            GraVAC(variant=variant, fallback_cf=5)
+
+
+def test_checkpoints_before_fallback_cf_compare_as_dense_fallback():
+    from horovod_gravac import checkpoint
+    old = GraVAC().config()
+    del old["fallback_cf"]
+    meta = lambda cfg: checkpoint.describe(cfg, "TopK(10)", 2, 0, [("w", (3,), "torch.float32")])
+    checkpoint.check_compatible(meta(old), meta(GraVAC().config()))
+    with pytest.raises(checkpoint.CheckpointError, match="fallback_cf=5"):
+        checkpoint.check_compatible(meta(old), meta(GraVAC(fallback_cf=5).config()))
+
+
 # -- the "delivered" variant -----------------------------------------------------------
 def drive_delivered(ctrl, steps, gain, throughput, finite=lambda step: True):
     """Like ``drive``, but the gain of the CF sent is reported the way the optimizer does
