@@ -85,7 +85,7 @@ DEFAULT_WORKLOADS = [name for name, w in WORKLOADS.items() if not w.get("extra")
 
 
 def _gravac(variant: str, policy: str, compressor: str, eps: str, hold: Optional[int] = None,
-            split: bool = False, fallback: Optional[str] = None) -> List[str]:
+            split: bool = False) -> List[str]:
     theta_max = "2000" if policy == "geometric" and compressor == "redsync" else "1000"
     flags = ["--controller", "gravac", "--variant", variant, "--policy", policy, "--compressor", compressor,
              "--epsilon", eps, "--theta-min", "10", "--theta-max", theta_max, "--omega", "0.01"]
@@ -98,8 +98,6 @@ def _gravac(variant: str, policy: str, compressor: str, eps: str, hold: Optional
         # The committed "ladder" results ran on the policy's rungs alone; "-split" also
         # measures the CFs between a rung that fails epsilon and theta_min.
         flags += ["--split-rungs", "on" if split else "off"]
-        # ... and fell back to dense when theta_min failed; "-fbN" sends N x instead while its gain passes.
-        flags += ["--fallback-cf", fallback or "none"]
     return flags
 
 
@@ -125,10 +123,6 @@ CONFIGS["gravac-ladder-exp-topk-eps0.5"] = ("adaptive", _gravac("ladder", "expon
 # 20x reads 0.59-0.68 over 1200 steps).
 CONFIGS["gravac-ladder-exp-topk-eps0.7-split"] = ("adaptive", _gravac("ladder", "exponential", "topk", "0.7",
                                                                       split=True))
-# A CF under theta_min instead of a dense step while theta_min fails (the 1D CNN's 10x read
-# 0.65-0.72 over its first 50 steps, and 3-4 % of its steps went dense at 2.5x a 10x step's time).
-CONFIGS["gravac-ladder-exp-topk-eps0.7-fb5"] = ("adaptive", _gravac("ladder", "exponential", "topk", "0.7",
-                                                                    fallback="5"))
 # The paper's pairings: Exponential with DGC, Geometric with RedSync.
 CONFIGS["gravac-ladder-exp-dgc-eps0.7"] = ("adaptive", _gravac("ladder", "exponential", "dgc", "0.7"))
 CONFIGS["gravac-ladder-geo-redsync-eps0.7"] = ("adaptive", _gravac("ladder", "geometric", "redsync", "0.7"))

@@ -277,7 +277,7 @@ def _has_zip_end(path: str, size: int) -> bool:
 # GraVAC settings added after checkpoints were first written, with the value that reproduces
 # how a controller behaved before the setting existed: a checkpoint without one compares as if
 # it held that value.
-_GRAVAC_SETTINGS_ADDED = {"split_rungs": False, "fallback_cf": None}
+_GRAVAC_SETTINGS_ADDED = {"split_rungs": False}
 
 
 def _normalise(field, value):

@@ -227,17 +227,13 @@ class GraVAC(Controller):
             finds the highest CF that passes between two rungs of the policy.  Off by default:
             on the adaptivity benchmark it was not better on every workload (README, "Split
             rungs").
-        fallback_cf: ``"ladder"`` only: a CF between dense (1) and ``theta_min`` sent instead of
-            a dense step while theta_min's gain is under epsilon, as long as its own gain
-            passes (see ``_fallback_decision``).  ``None`` (default): dense, as Algorithm 1.
 
     Readable state: ``theta_min``, ``candidate_cf``, ``gain_min``, ``gain_candidate``,
     ``throughput`` (a ThroughputTable), ``history`` (one entry per window check, the last
     ``HISTORY_MAXLEN`` of them; ``history_count`` counts all); ``"delivered"``:
     ``delivered_gain`` (CF -> the last window gain measured for it); ``"ladder"``:
     ``early_steps_down`` (theta_min stepped down between window checks), ``splits`` (window
-    checks that moved the candidate between two rungs), ``gain_fallback`` and
-    ``fallback_steps`` (the fallback CF's smoothed gain, and the steps that sent it).
+    checks that moved the candidate between two rungs).
     """
 
     needs_consensus = True
@@ -254,7 +250,7 @@ class GraVAC(Controller):
                  omega: float = 0.01, window: int = 500, policy="exponential",
                  ewma_alpha: Optional[float] = None, batch_size: Optional[int] = None,
                  variant: str = DEFAULT_VARIANT, remeasure_windows: int = 4, hold_windows: int = 1,
-                 split_rungs: bool = False, fallback_cf: Optional[float] = None):
+                 split_rungs: bool = False):
         super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -273,13 +269,6 @@ class GraVAC(Controller):
         self.theta_max = check_cf(theta_max, "theta_max")
         if self.theta_max < self.theta_min0:
             raise ValueError(f"theta_max ({theta_max}) must be >= theta_min ({theta_min})")
-        if fallback_cf is not None:
-            if variant != "ladder":
-                raise ValueError(f"fallback_cf applies to variant='ladder' only, not {variant!r}")
-            fallback_cf = check_cf(fallback_cf, "fallback_cf")
-            if not DENSE < fallback_cf < self.theta_min0:
-                raise ValueError(f"fallback_cf must lie between 1 (dense) and theta_min ({theta_min}), "
-                                 f"both excluded, got {fallback_cf!r}")
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) \
                 or math.isnan(epsilon) or not (0.0 < epsilon <= 1.0):
             raise ValueError(f"epsilon must be in (0, 1], got {epsilon!r}")
@@ -303,7 +292,6 @@ class GraVAC(Controller):
         self.remeasure_windows = remeasure_windows
         self.hold_windows = hold_windows
         self.split_rungs = split_rungs
-        self.fallback_cf = fallback_cf
         self.world_size = 1
         ladder = variant == "ladder"
 
@@ -313,7 +301,6 @@ class GraVAC(Controller):
         alpha = ewma_alpha if ewma_alpha is not None else paper_alpha(1)
         self._gain_min = EWMA(alpha, warm_start=ladder)
         self._gain_candidate = EWMA(alpha, warm_start=ladder)
-        self._gain_fallback = EWMA(alpha, warm_start=True)   # "ladder" with fallback_cf
         self.throughput = ThroughputTable("median" if ladder else "mean")
         self.history: deque = _history()
         self.history_count = 0
@@ -325,7 +312,6 @@ class GraVAC(Controller):
         self._held = 0   # "delivered": windows the current theta_min has passed, sent as theta_min
         self.early_steps_down = 0   # "ladder": _step_down_if_failing moves between window checks
         self.splits = 0   # "ladder" with split_rungs: checks that moved the candidate between two rungs
-        self.fallback_steps = 0   # "ladder" with fallback_cf: steps that sent fallback_cf
         self._gain_when_left: Dict[float, float] = {}   # "ladder": theta_min's gain when it climbed
         if variant == "delivered":
             # Window sums of the raw gradient (G) and of what was sent (D), every window.
@@ -338,8 +324,7 @@ class GraVAC(Controller):
     def set_world_size(self, n: int) -> None:
         self.world_size = max(1, int(n))
         if self.ewma_alpha is None:
-            self._gain_min.alpha = self._gain_candidate.alpha = self._gain_fallback.alpha \
-                = paper_alpha(self.world_size)
+            self._gain_min.alpha = self._gain_candidate.alpha = paper_alpha(self.world_size)
 
     def config(self) -> dict:
         return {"type": "GraVAC", "theta_min": self.theta_min0, "theta_max": self.theta_max,
@@ -347,7 +332,7 @@ class GraVAC(Controller):
                 "policy": repr(self.policy), "ewma_alpha": self.ewma_alpha,
                 "batch_size": self.batch_size, "variant": self.variant,
                 "remeasure_windows": self.remeasure_windows, "hold_windows": self.hold_windows,
-                "split_rungs": self.split_rungs, "fallback_cf": self.fallback_cf}
+                "split_rungs": self.split_rungs}
 
     @property
     def gain_min(self) -> Optional[float]:
@@ -356,10 +341,6 @@ class GraVAC(Controller):
     @property
     def gain_candidate(self) -> Optional[float]:
         return self._gain_candidate.value
-
-    @property
-    def gain_fallback(self) -> Optional[float]:
-        return self._gain_fallback.value
 
     # -- per step ------------------------------------------------------------------
     def checks_at(self, step: int) -> bool:
@@ -370,17 +351,10 @@ class GraVAC(Controller):
     def observe(self, obs: StepObservation) -> Decision:
         self.step += 1
         sent = self.decision
-        fell_back = self._is_fallback(sent)
-        self.fallback_steps += fell_back and sent.send_cf == self.fallback_cf
-        if obs.finite and fell_back:
-            # The step's two levels were fallback_cf and theta_min (see _fallback_decision).
-            self._gain_fallback.update(compression_gain(obs.min_sq, obs.ef_sq))
-            self._gain_min.update(compression_gain(obs.candidate_sq, obs.ef_sq))
-        elif obs.finite:
+        if obs.finite:
             # Algorithm 1 lines 7 and 9: smoothed gains of theta_min and of the candidate.
             self._gain_min.update(compression_gain(obs.min_sq, obs.ef_sq))
             self._gain_candidate.update(compression_gain(obs.candidate_sq, obs.ef_sq))
-        if obs.finite:
             # UpdateStep: T_sys and T_compress for the CF actually sent (dense: gain 1).
             samples = obs.samples if self.batch_size is None else self.batch_size * self.world_size
             t_sys = samples / obs.step_time if obs.step_time > 0 else 0.0
@@ -389,7 +363,7 @@ class GraVAC(Controller):
                 gain = self.delivered_gain.get(sent.send_cf, 1.0 if sent.send_cf == DENSE else None)
                 t_comp = None if gain is None else t_sys * gain
             else:
-                gain_sent = {"dense": 1.0, "min": self.gain_fallback if fell_back else self.gain_min,
+                gain_sent = {"dense": 1.0, "min": self.gain_min,
                              "candidate": self.gain_candidate}[sent.level]
                 t_comp = self.throughput.record(sent.send_cf, t_sys, gain_sent)
             self.last = {"system_throughput": t_sys, "compression_throughput": t_comp}
@@ -416,36 +390,9 @@ class GraVAC(Controller):
             send = self.candidate_cf
         elif g_min is not None and g_min >= self.epsilon:
             send = self.theta_min
-        elif self.fallback_cf is not None and self.theta_min == self.theta_min0:
-            return self._fallback_decision()
         else:
             send = DENSE
         return Decision(send, self.theta_min, self.candidate_cf)
-
-    # -- "ladder" with fallback_cf -------------------------------------------------
-    # Measured on the adaptivity benchmark's 1D CNN: theta_min = 10x read 0.65-0.72 over the
-    # first 50 steps, so Algorithm 1's rule (theta_min under epsilon: send dense) sent 3-4 % of
-    # the steps dense at 577 ms against 210-230 ms for 10x at 100 Mbit/s, 8-10 % of the time to
-    # the accuracy target.  A CF below theta_min keeps more of the gradient than theta_min
-    # (Top-k exactly) at a fraction of dense's bytes; it is sent only when its own measured gain
-    # passes epsilon, so every step still keeps epsilon of the gradient.
-
-    def _is_fallback(self, decision: Decision) -> bool:
-        return self.fallback_cf is not None and decision.theta_min == self.fallback_cf
-
-    def _fallback_decision(self) -> Decision:
-        """theta_min (the lowest rung) is under epsilon: its levels become fallback_cf and
-        theta_min, so each step measures both (multi-level, as always); fallback_cf is sent
-        while its gain passes epsilon, else dense.  The next step whose theta_min gain passes
-        goes back to the ladder (``_choose``).  Entering, the candidate above theta_min is
-        forgotten (it is not measured while falling back) and fallback_cf's gain from the
-        last fall-back counts as one observation: the first ever is a dense step."""
-        if not self._is_fallback(self.decision):
-            self._gain_candidate.reset(None)
-            self._gain_fallback.reset(self.gain_fallback)
-        g_f = self.gain_fallback
-        send = self.fallback_cf if g_f is not None and g_f >= self.epsilon else DENSE
-        return Decision(send, self.fallback_cf, self.theta_min)
 
     def _check_gravac(self) -> None:
         """CheckGraVAC, every ``window`` steps: theta_min scale-up, scaling policy, stop rule."""
@@ -694,8 +641,7 @@ class GraVAC(Controller):
                       "history_count": self.history_count, "delivered_gain": dict(self.delivered_gain),
                       "retry_at": dict(self._retry_at), "failures": dict(self._failures),
                       "held": self._held, "early_steps_down": self.early_steps_down,
-                      "gain_when_left": dict(self._gain_when_left), "splits": self.splits,
-                      "gain_fallback": self._gain_fallback.state_dict(), "fallback_steps": self.fallback_steps})
+                      "gain_when_left": dict(self._gain_when_left), "splits": self.splits})
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -714,9 +660,6 @@ class GraVAC(Controller):
         self.early_steps_down = int(state.get("early_steps_down", 0))
         self._gain_when_left = {float(k): float(v) for k, v in state.get("gain_when_left", {}).items()}
         self.splits = int(state.get("splits", 0))
-        if "gain_fallback" in state:
-            self._gain_fallback.load_state_dict(state["gain_fallback"])
-        self.fallback_steps = int(state.get("fallback_steps", 0))
 
 
 class Accordion(Controller):

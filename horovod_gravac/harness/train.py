@@ -105,7 +105,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
 DEFAULTS: Dict[str, Any] = dict(
     model="tinycnn", dataset=None, data=None, controller="gravac", compressor="topk", cf=100.0,
     theta_min=10.0, theta_max=1000.0, epsilon=0.7, omega=0.01, window=500, policy="exponential",
-    ewma_alpha=None, variant=C.DEFAULT_VARIANT, hold_windows=1, split_rungs="off", fallback_cf="none", low_cf=10.0, high_cf=1000.0, accordion_threshold=0.5, accordion_interval=100, powersgd_rank=1,
+    ewma_alpha=None, variant=C.DEFAULT_VARIANT, hold_windows=1, split_rungs="off", low_cf=10.0, high_cf=1000.0, accordion_threshold=0.5, accordion_interval=100, powersgd_rank=1,
     steps=200, eval_every=50, batch_size=32, eval_batch_size=None, lr=0.1, momentum=0.9,
     weight_decay=1e-4, lr_milestones="", lr_gamma=0.1, warmup_steps=0, clip_norm=None,
     momentum_correction=False, local_clip_norm=None,
@@ -145,9 +145,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--split-rungs", choices=("on", "off"),
                    help="GraVAC ladder: measure the CFs between a rung that fails epsilon and theta_min "
                         "(default off)")
-    g.add_argument("--fallback-cf", help="GraVAC ladder: a CF under --theta-min sent instead of a dense step "
-                                         "while theta_min's gain is under epsilon and its own passes, or "
-                                         "'none' for dense as in Algorithm 1 (default none)")
     g.add_argument("--low-cf", type=float, help="Accordion: CF in critical regimes (10)")
     g.add_argument("--high-cf", type=float, help="Accordion: CF otherwise (1000)")
     g.add_argument("--accordion-threshold", type=float, help="Accordion: relative norm change (0.5)")
@@ -251,15 +248,6 @@ def make_compressor(args) -> Callable:
     return functools.partial(cls, **extra) if extra else cls
 
 
-def _fallback_cf(value):
-    if value is None or str(value).lower() == "none":
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"--fallback-cf must be a number or 'none', got {value!r}") from None
-
-
 def make_controller(args):
     if args.controller == "dense":
         return C.Dense()
@@ -269,8 +257,7 @@ def make_controller(args):
         return C.GraVAC(theta_min=args.theta_min, theta_max=args.theta_max, epsilon=args.epsilon,
                         omega=args.omega, window=args.window, policy=args.policy,
                         ewma_alpha=args.ewma_alpha, batch_size=args.batch_size, variant=args.variant,
-                        hold_windows=args.hold_windows, split_rungs=args.split_rungs == "on",
-                        fallback_cf=_fallback_cf(args.fallback_cf))
+                        hold_windows=args.hold_windows, split_rungs=args.split_rungs == "on")
     if args.controller == "accordion":
         return C.Accordion(low_cf=args.low_cf, high_cf=args.high_cf, threshold=args.accordion_threshold,
                            interval=args.accordion_interval)
