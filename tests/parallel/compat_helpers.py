@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import horovod.torch as hvd
 import horovod_gravac as hg
+from ranks import StepTimedGraVAC  # noqa: F401  (GraVAC whose decisions do not read the clock)
 
 hvd.init()
 torch.set_num_threads(1)

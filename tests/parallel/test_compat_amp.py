@@ -7,8 +7,8 @@ import torch
 import horovod.torch as hvd
 import horovod_gravac as hg
 
-from compat_helpers import (RANK, SIZE, assert_ranks_identical, assert_same, flat, hg_opt, hvd_opt,
-                           loss_of, make, record_failure, release)
+from compat_helpers import (RANK, SIZE, StepTimedGraVAC, assert_ranks_identical, assert_same, flat, hg_opt,
+                           hvd_opt, loss_of, make, record_failure, release)
 
 pytestmark = pytest.mark.sizes(2)
 
@@ -95,10 +95,12 @@ def test_amp_grad_scaler_scale_invariant_compressed():
     """With grad_scaler=scaler, a scale changing by powers of two gives bitwise the
     parameters of a constant scale (error feedback kept in unscaled units)."""
     failures = []
-    # variant="paper": the two runs are compared bitwise, and in short runs Algorithm 1 decides
-    # from the gains alone; the default ladder also reads measured step times, which differ.
+    # The two runs are compared bitwise, so GraVAC gets a constant step time: measured ones differ
+    # between runs, and its throughput rules (Algorithm 1's stop rule too) would then decide
+    # differently now and then.  "paper" climbs a rung per window, so 8 steps send several CFs.
     for name, ctrl_fn in (("StaticCF(10)", lambda: hg.StaticCF(10)),
-                          ("GraVAC", lambda: hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3, variant="paper"))):
+                          ("GraVAC", lambda: StepTimedGraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3,
+                                                             variant="paper"))):
         try:
             results = []
             for growth_interval in (1, 10 ** 9):          # doubles every step / constant

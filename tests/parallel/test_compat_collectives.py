@@ -12,8 +12,8 @@ import torch
 import horovod.torch as hvd
 import horovod_gravac as hg
 
-from compat_helpers import (BITWISE, RANK, SIZE, assert_ranks_identical, assert_same, flat, hg_opt,
-                           hvd_opt, loss_of, make, record_failure, release, sgd, train)
+from compat_helpers import (BITWISE, RANK, SIZE, StepTimedGraVAC, assert_ranks_identical, assert_same, flat,
+                           hg_opt, hvd_opt, loss_of, make, record_failure, release, sgd, train)
 
 pytestmark = pytest.mark.sizes(2)
 
@@ -79,10 +79,11 @@ def test_no_hang_two_gravac_optimizers_and_user_collectives():
 
 # ---------------------------------------------------------------------------------------------
 # broadcast_optimizer_state / resume recipe
-# variant="paper": two runs are compared bitwise, and in short runs Algorithm 1 decides from the
-# gains alone; the default ladder also reads measured step times, which differ between runs.
+# Two runs are compared bitwise, so GraVAC gets a constant step time (measured ones differ between
+# runs, and its throughput rules, Algorithm 1's stop rule too, would then decide differently now
+# and then); "paper" climbs a rung per window, so short runs send several CFs.
 def _controllers():
-    return {"GraVAC": lambda: hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3, variant="paper"),
+    return {"GraVAC": lambda: StepTimedGraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3, variant="paper"),
             "Accordion": lambda: hg.Accordion(low_cf=4, high_cf=64, threshold=0.5, interval=3),
             "StaticCF(10)": lambda: hg.StaticCF(10),
             "Dense": lambda: hg.Dense()}
