@@ -644,7 +644,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             if rounds["static"]:   # Top-k 10x: its same-payload runs, the median over their rounds
                 timings["topk-cf10"] = statistics.median(median_step(r) for r in rounds["static"])
             for name in TIMED_CFS:
-                r = load_run(rd(w, rate, f"__timing__{name}")) if name != "topk-cf10" else None
+                if name == "topk-cf10":
+                    continue   # timed by its same-payload runs, above
+                r = load_run(rd(w, rate, f"__timing__{name}"))
                 if r:
                     timings[name] = median_step(r)
             row = path_row(w, rate, rounds)

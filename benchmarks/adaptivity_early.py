@@ -3,7 +3,8 @@
 
 For each seed directory, workload, rate and configuration: the steps sent at each CF (1 is
 dense), the median step period at each CF in ms, the training seconds of the first
-``--steps`` steps and of the whole run (the optimizer's ``step_time``, as the TTA counts it).
+``--steps`` steps and of the whole run (``adaptivity.step_periods``, as the TTA counts them:
+evaluations left out).
 It reads the runs' ``steps.jsonl``, so it needs the ``runs/`` folders of a local benchmark
 run (they are not committed)::
 
@@ -19,22 +20,21 @@ import argparse
 import os
 import statistics
 import sys
-from collections import Counter, defaultdict
+from collections import defaultdict
 
-from horovod_gravac.harness import runlog
+from benchmarks.adaptivity import load_run, step_periods
 
 
-def summarise(run_dir: str, first: int) -> str:
-    steps = runlog.load_run(run_dir).steps
-    sent = Counter(s["cf"] for s in steps)
-    periods = defaultdict(list)
-    for s in steps:
-        periods[s["cf"]].append(s["step_time"])
-    by_cf = ", ".join(f"{cf:g}x {sent[cf]} ({1000 * statistics.median(periods[cf]):.0f} ms)"
-                      for cf in sorted(sent))
-    early = sum(s["step_time"] for s in steps[:first])
-    total = sum(s["step_time"] for s in steps)
-    return f"first {first}: {early:6.1f} s | all {len(steps)}: {total:6.1f} s | {by_cf}"
+def summarise(run_: dict, first: int) -> str:
+    """One line for a finished run (as ``load_run`` returns it)."""
+    seconds = step_periods(run_)
+    by_cf = defaultdict(list)
+    for s, t in zip(run_["steps"], seconds):
+        by_cf[s["cf"]].append(t)
+    sent = ", ".join(f"{cf:g}x {len(ts)} ({1000 * statistics.median(ts):.0f} ms)"
+                     for cf, ts in sorted(by_cf.items()))
+    return (f"first {first}: {sum(seconds[:first]):6.1f} s | all {len(seconds)}: {sum(seconds):6.1f} s"
+            f" | {sent}")
 
 
 def main(argv=None) -> int:
@@ -56,8 +56,9 @@ def main(argv=None) -> int:
             for d, label in zip(dirs, labels):
                 for c in args.configs.split(","):
                     run_dir = os.path.join(d, "runs", w, rate, c)
-                    if runlog.is_finished(run_dir):
-                        print(f"seed {label:>3} {c}: {summarise(run_dir, args.steps)}")
+                    run_ = load_run(run_dir)
+                    if run_ is not None:
+                        print(f"seed {label:>3} {c}: {summarise(run_, args.steps)}")
                     else:
                         print(f"seed {label:>3} {c}: no finished run in {run_dir}")
                         missing += 1
