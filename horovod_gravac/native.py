@@ -31,7 +31,8 @@ from typing import Optional, Tuple
 import numpy as np
 
 __all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "redsync_search",
-           "exceedance_moments", "MomentsOf", "abs_sample", "scatter", "gamma_upper_quantile", "SLACK"]
+           "exceedance_moments", "MomentsOf", "abs_sample", "scatter", "gamma_upper_quantile", "stratified_draw",
+           "SLACK"]
 
 # Extra slots every output buffer needs after its capacity (whole-vector stores).
 SLACK = 16
@@ -51,6 +52,7 @@ _SIGNATURES = {
     "hg_abs_sample": (None, [_p, _i64, _i64, ctypes.c_double, ctypes.c_double, _p]),
     "hg_scatter": (ctypes.c_int, [_p, _i64, _p, _p, _i64]),
     "hg_gamma_upper_quantile": (ctypes.c_double, [ctypes.c_double] * 5 + [ctypes.c_int]),
+    "hg_stratified_draw": (None, [_i64, _i64, ctypes.c_uint64, _p, _p]),
     "hg_simd_level": (ctypes.c_int, [ctypes.c_int]),
 }
 
@@ -249,6 +251,17 @@ def gamma_upper_quantile(alpha: float, density: float, lg: float, lg1: float, z:
     and normal quantile ``z`` come from Python, which computes them with its own code).
     Call only when :func:`available`."""
     return _LIB.hg_gamma_upper_quantile(alpha, density, lg, lg1, z, newton_steps)
+
+
+def stratified_draw(numel: int, k: int, key: int) -> np.ndarray:
+    """``selection.randomk.stratified_draw``'s ``k`` indices in ``[0, numel)`` for the 64-bit
+    ``key``, the same integers, as int32 (int64 beyond 2**31 - 1 entries).  Needs
+    ``0 < k < numel`` and ``numel // k < 2**32``.  Call only when :func:`available`."""
+    wide = numel > _INT32_MAX
+    out = np.empty(k, dtype=np.int64 if wide else np.int32)
+    _LIB.hg_stratified_draw(int(numel), int(k), int(key), None if wide else out.ctypes.data,
+                            out.ctypes.data if wide else None)
+    return out
 
 
 def scatter(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:

@@ -184,16 +184,14 @@ def test_stratified_strata_interleave_long_and_short():
 
 @pytest.mark.parametrize("numel,k", [(1003, 10), (1003, 400), (1000, 10), (7, 7), (7, 9)])
 def test_stratified_draw_one_exact_uniform_draw_per_stratum(numel, k):
-    """Random-k's CPU drawer: unique, sorted, int32, one index in each stratum of
+    """Random-k's drawer: unique, sorted, int32, one index in each stratum of
     stratified_indices (floor(i * numel / k) ...), every position reachable."""
-    import numpy as np
     from horovod_gravac.compressors.randomk import stratified_draw
-    rng = np.random.Generator(np.random.PCG64(0))
     kk = min(k, numel)
     starts = [i * numel // kk for i in range(kk + 1)]
     seen = torch.zeros(numel)
-    for _ in range(300):
-        idx = stratified_draw(numel, k, rng)
+    for key in range(300):
+        idx = stratified_draw(numel, k, key * 0x9E3779B97F4A7C15 % 2 ** 64)
         assert idx.dtype == torch.int32 and idx.numel() == kk
         assert bool((idx[1:] > idx[:-1]).all()) and idx.min() >= 0 and idx.max() < numel
         for i in (0, kk // 2, kk - 1):   # the i-th draw lies in the i-th stratum
@@ -201,6 +199,65 @@ def test_stratified_draw_one_exact_uniform_draw_per_stratum(numel, k):
         seen[idx.long()] += 1
     if numel / kk <= 5:
         assert bool((seen > 0).all()), "a position was never drawn"
+
+
+@pytest.mark.parametrize("numel,k", [(1003, 10), (1003, 400), (1000, 10), (5, 2), (6_553_601, 65_536),
+                                     (6_553_600, 655_360), (2 ** 31 + 5, 3), (2 ** 31 - 1, 7)])
+def test_stratified_draw_same_integers_on_every_path(numel, k):
+    """Ranks sharing a seed sum values by position, so every path must draw the same
+    integers: the C kernel, NumPy (no native kernels) and the torch formula that
+    accelerators run (here on CPU tensors), bit for bit; int64 beyond int32's range."""
+    from horovod_gravac import native
+    from horovod_gravac.selection.randomk import _draw_key, _strata_positions, stratified_draw
+    for key in (0, 1, 2 ** 64 - 1, _draw_key(1234, 7, 3, 1)):
+        via_torch = _strata_positions(torch.arange(k, dtype=torch.int64), numel, k, key)
+        previous = native.use("off")
+        try:
+            via_numpy = stratified_draw(numel, k, key)
+        finally:
+            native.use(previous)
+        got = stratified_draw(numel, k, key)
+        assert got.dtype == (torch.int32 if numel < 2 ** 31 else torch.int64)
+        assert torch.equal(got.long(), via_torch) and torch.equal(via_numpy, got), (numel, k, key)
+
+
+def test_stratified_draw_is_uniform_and_independent():
+    """Within a stratum every offset is equally likely (chi-square), and neither neighbouring
+    strata nor consecutive steps' draws are correlated (the hash, not a generator, makes
+    them: a weak mix would show here)."""
+    from horovod_gravac.selection.randomk import _draw_key, stratified_draw
+    numel, k, draws = 1000, 10, 4000     # strata of 100
+    offsets = torch.stack([stratified_draw(numel, k, _draw_key(5, step, 0, 0)).long() for step in range(draws)])
+    offsets -= torch.arange(k) * 100
+    counts = torch.bincount(offsets.reshape(-1), minlength=100).double()
+    expected = draws * k / 100
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 160, chi2     # 99 degrees of freedom: P(chi2 > 160) < 1e-4
+    u = offsets.double() / 100 - 0.495
+    neighbours = float((u[:, 1:] * u[:, :-1]).mean() / u.var())
+    steps = float((u[1:] * u[:-1]).mean() / u.var())
+    assert abs(neighbours) < 0.03 and abs(steps) < 0.03, (neighbours, steps)
+
+
+def test_randomk_shared_seed_draws_per_step_stream_and_level():
+    """Two ranks with one seed draw the same indices for the same (step, bucket); another
+    step, another bucket or the next draw of the step (multi-level) draws anew."""
+    t = torch.randn(10_007)
+    a, b = RandomKCompressor(cf=10, seed=7), RandomKCompressor(cf=10, seed=7)
+    a.set_step(3, 1)
+    b.set_step(3, 1)
+    pa, ca = a.compress(t)
+    pb, cb = b.compress(t)
+    assert torch.equal(pa.indices, pb.indices)
+    assert torch.equal(a.compress_further(pa, ca, 10).indices, b.compress_further(pb, cb, 10).indices)
+    first = pa.indices
+    for step, stream in ((4, 1), (3, 2)):
+        a.set_step(step, stream)
+        assert not torch.equal(a.compress(t)[0].indices, first)
+    a.set_step(3, 1)
+    assert torch.equal(a.compress(t)[0].indices, first)
+    assert not torch.equal(a.compress(t)[0].indices, first)   # a second draw in the step
+    assert not torch.equal(RandomKCompressor(cf=10, seed=8).compress(t)[0].indices, first)
 
 
 def test_randomk_without_seed_draws_differently_per_instance():

@@ -24,8 +24,8 @@ def test_step_cost_table_rows_come_from_the_runs(tmp_path):
     with open(os.path.join(run_dir, "randomk-10", "steps.jsonl")) as f:
         steps = [json.loads(line) for line in f]
     assert len(steps) == 6
-    assert float(rows["randomk-10"][1]) == pytest.approx(step_cost.summarize(os.path.join(run_dir, "randomk-10"), 2)["step"],
-                                                        abs=0.05)
+    summary = step_cost.summarize(os.path.join(run_dir, "randomk-10"), 2)
+    assert float(rows["randomk-10"][1]) == pytest.approx(summary["step"], abs=0.05)
 
 
 def test_step_cost_refuses_unknown_runs():

@@ -749,3 +749,33 @@ HG_NO_CONTRACT double hg_gamma_upper_quantile(double alpha, double density, doub
     }
     return exp(u);
 }
+
+/* -- Random-k's stratified draw ------------------------------------------------------------- */
+
+/* The i-th of k indices, uniform in the i-th stratum [floor(i n / k), floor((i + 1) n / k)):
+ * start + ((h >> 1) * width >> 31), h a hash of (key, i).  The same integers as
+ * selection/randomk.py's torch code (which runs on any device) and NumPy code; tests compare
+ * them bit for bit.  The strata's starts advance by n / k plus a carry of n % k (no division
+ * per entry); the hash is two rounds of a 32-bit mixer whose multipliers are below 2^31 (so
+ * the torch code's int64 products are exact). */
+static inline uint32_t hg_mix32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x1B873593u;
+    return x ^ (x >> 16);
+}
+
+HG_CLONES void hg_stratified_draw(int64_t n, int64_t k, uint64_t key, int32_t *out32, int64_t *out64) {
+    int64_t size = n / k, extra = n % k, start = 0, carry = 0;
+    uint32_t lo = (uint32_t)key, hi = (uint32_t)(key >> 32);
+    for (int64_t i = 0; i < k; i++) {
+        uint32_t h = hg_mix32(hg_mix32((uint32_t)i ^ lo) ^ hi ^ (uint32_t)((uint64_t)i >> 32));
+        int64_t width = size;
+        carry += extra;            /* floor((i + 1) extra / k) - floor(i extra / k) */
+        if (carry >= k) { carry -= k; width += 1; }
+        int64_t idx = start + (int64_t)(((uint64_t)(h >> 1) * (uint64_t)width) >> 31);
+        if (out32) out32[i] = (int32_t)idx; else out64[i] = idx;
+        start += width;
+    }
+}
