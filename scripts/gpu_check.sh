@@ -22,14 +22,20 @@
 #      and the operations behind each compress (benchmarks/compressor_profile.py) -> compressor_profile_cuda.txt
 #      and the samples' order statistics, kthvalue against sort (benchmarks/sample_order_stats.py) -> sample_order_stats_cuda.txt
 #      and the launch cuts against what they replaced (benchmarks/launch_cuts.py)      -> launch_cuts_cuda.txt
+#      and Random-k's draw on the device against the host draw it replaced (benchmarks/randomk_draw.py)
+#                                                                           -> randomk_draw_cuda.txt
 #   5. the training harness on the GPU: ResNet101/CIFAR-10, VGG16/CIFAR-100 and LSTM/PTB at full
 #      size, 40 steps each on random data in the real formats (scripts/make_synthetic_datasets.py),
 #      GraVAC (both policies) and Accordion                              -> harness_*.txt, harness/
+#   6. what compression costs a training step: ResNet101/CIFAR-10, one rank, plain torch, the dense
+#      controller and each static compressor (python -m benchmarks.step_cost --device cuda,
+#      about 2.5 minutes on an H100)                                        -> step_cost_cuda.txt
 #   summary.txt: one line per step.  The results folder is printed at the end.
 #
 # Settings (environment): PYTHON (default .venv/bin/python), RESULTS (default
 # reports/gpu_check/<UTC time>), GPU_CHECK_TIMEOUT (seconds per step, default 1800),
-# GPU_CHECK_SWEEP=0 (skip step 4), GPU_CHECK_HARNESS=0 (skip step 5), GPU_CHECK_DRY_RUN=1
+# GPU_CHECK_SWEEP=0 (skip step 4), GPU_CHECK_HARNESS=0 (skip step 5), GPU_CHECK_STEP_COST=0
+# (skip step 6), GPU_CHECK_DRY_RUN=1
 # (without a GPU: run every step anyway, to check the script itself; it still exits 1).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -143,6 +149,9 @@ else
   # foreach, compress_further against a direct compress.
   step "launch cuts: python -m benchmarks.launch_cuts --device cuda" \
     "$RESULTS/launch_cuts_cuda.txt" "$PYTHON" -m benchmarks.launch_cuts --device cuda
+  # Random-k's counter-based draw on the device against PCG64 on the host plus the upload.
+  step "Random-k's draw: python -m benchmarks.randomk_draw --device cuda" \
+    "$RESULTS/randomk_draw_cuda.txt" "$PYTHON" -m benchmarks.randomk_draw --device cuda
 fi
 
 # 5. the training harness on the GPU --------------------------------------------------------------
@@ -168,6 +177,16 @@ vgg16-gravac-geometric-redsync|--preset vgg16-cifar100 --data $D/cifar100 --wind
 lstm-gravac-dgc|--preset lstm-ptb --data $D/ptb --window 10
 r101-accordion-dgc|--preset resnet101-cifar10 --data $D/cifar10 --controller accordion --accordion-interval 10
 EOF_RUNS
+fi
+
+# 6. what compression costs a training step ----------------------------------------------------
+if [ "${GPU_CHECK_STEP_COST:-1}" = 0 ]; then
+  note "SKIP  step cost: GPU_CHECK_STEP_COST=0"
+elif [ "$HVD" != 1 ]; then
+  note "SKIP  step cost: Horovod is not installed for $PYTHON"
+else
+  step "step cost: python -m benchmarks.step_cost --device cuda" "$RESULTS/step_cost_cuda.txt" \
+    "$PYTHON" -m benchmarks.step_cost --device cuda
 fi
 
 echo

@@ -29,6 +29,7 @@ def test_gpu_check_without_a_gpu_says_so_and_dry_runs_every_step(tmp_path):
     assert "NCCL optimizer run" in summary, summary               # skipped, with the reason
     assert "compressor benchmark" in summary or "compressors.py --device cuda" in summary, summary
     assert summary.count("training harness on the GPU") == 4, summary   # ran, and failed without CUDA
+    assert "Random-k's draw" in summary and "step cost" in summary, summary
     assert "CUDA is not available" in (tmp_path / "r" / "harness_r101-gravac-dgc.txt").read_text()
     assert (tmp_path / "r" / "env.txt").exists() and f"results: {tmp_path / 'r'}" in out
     assert "skipped" in (tmp_path / "r" / "pytest_cuda.txt").read_text()
