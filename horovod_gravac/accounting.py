@@ -15,7 +15,7 @@ from .wire import StepStats
 
 class StepRecord:
     def __init__(self):
-        self.norms = torch.zeros(3, dtype=torch.float64)   # ||g_ef||^2, ||g_min||^2, ||g_c||^2
+        self._norm_parts: List[torch.Tensor] = []   # per bucket: ||g_ef||^2, ||g_min||^2, ||g_c||^2
         self.grad_sq = 0.0
         self.compress_time = 0.0
         self.bytes_sent = 0
@@ -27,6 +27,23 @@ class StepRecord:
         self.step_stats: Optional[StepStats] = None     # rank-averaged, from the carrier bucket
         self.at_boundary = False           # this step ends an accumulation interval
         self.open = False                  # a hook of this step has run
+
+    def add_norms(self, norms: torch.Tensor) -> None:
+        """A bucket's three squared norms (float64), left on its device: reading them back per
+        bucket would be a host sync in every bucket hook on a GPU."""
+        self._norm_parts.append(norms)
+
+    @property
+    def norms(self) -> torch.Tensor:
+        """The step's squared norms so far, summed over buckets, on the CPU (one copy back
+        per device the buckets live on)."""
+        total = torch.zeros(3, dtype=torch.float64)
+        by_device = {}
+        for part in self._norm_parts:
+            by_device.setdefault(part.device, []).append(part)
+        for parts in by_device.values():
+            total += torch.stack(parts).sum(0).double().cpu()
+        return total
 
     def add_transfer(self, transfer) -> None:
         """A finished transfer's counts (and the carried statistics, if it had them)."""

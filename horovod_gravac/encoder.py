@@ -128,7 +128,7 @@ class BucketEncoder:
             ef_sq = _sq(g_ef)
             min_sq = ef_sq if payload_min is None else _sq(payload_min.values)
             c_sq = min_sq if payload_c is payload_min else _sq(payload_c.values)
-            record.norms += torch.stack([ef_sq, min_sq, c_sq]).double().cpu()
+            record.add_norms(torch.stack([ef_sq, min_sq, c_sq]))   # read once, by the carrier
         if quality is not None and measure:
             record.quality.append(float(quality))
         if decision.send_cf == DENSE:
@@ -237,12 +237,23 @@ def finite_tensor(t: torch.Tensor) -> bool:
 
 
 def _sq(t: torch.Tensor) -> torch.Tensor:
-    """Squared L2 norm as a float64 tensor: the fast float32 norm, recomputed in float64
-    only if it overflowed (a finite 1e20 entry squares past float32's range)."""
-    n = torch.linalg.vector_norm(t)
-    if not math.isfinite(float(n)):
-        n = torch.linalg.vector_norm(t, dtype=torch.float64)
-    return n.double() ** 2
+    """Squared L2 norm as a float64 tensor on ``t``'s device.  On the CPU: the fast float32
+    norm, recomputed in float64 only if it overflowed (a finite 1e20 entry squares past
+    float32's range).  On accelerators: in float64 at once, since checking for the overflow
+    reads the norm back, a host sync per bucket that holds back the backward's launches
+    (three norms a bucket for an adaptive controller; one float64 pass costs the GPU less)."""
+    if _reads_back_freely(t):
+        n = torch.linalg.vector_norm(t)
+        if not math.isfinite(float(n)):
+            n = torch.linalg.vector_norm(t, dtype=torch.float64)
+        return n.double() ** 2
+    return torch.linalg.vector_norm(t, dtype=torch.float64) ** 2
+
+
+def _reads_back_freely(t: torch.Tensor) -> bool:
+    """Whether reading a value of ``t`` into Python costs no synchronisation: the CPU.
+    (Tests patch it to run the accelerators' path on CPU tensors.)"""
+    return t.device.type == "cpu"
 
 
 def _poisoned(payload: SparsePayload, shared_indices: bool, device) -> SparsePayload:

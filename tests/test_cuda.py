@@ -202,6 +202,27 @@ def test_randomk_draw_on_cuda_is_the_cpus(numel, k):
     assert torch.equal(dev.cpu(), stratified_draw(numel, k, key))
 
 
+def test_adaptive_statistics_make_no_sync_on_cuda():
+    """The encoder's squared norms and their per-bucket sum stay on the device (CUDA's sync
+    debug mode sees every synchronising call); the step's total is read once."""
+    import horovod_gravac.encoder as encoder
+    from horovod_gravac.accounting import StepRecord
+    t = _laplace(1_000_000).cuda()
+    record = StepRecord()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for part in t.split(300_000):
+                sq = encoder._sq(part)
+                record.add_norms(torch.stack([sq, sq, sq]))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert not [w for w in caught if "called a synchronizing" in str(w.message)]
+    assert float(record.norms[0]) == pytest.approx(float((t.double() ** 2).sum()), rel=1e-9)
+
+
 # ------------------------------------------------------------------ host syncs
 @pytest.mark.parametrize("name", ["randomk", "dgc", "redsync", "sidco-exponential", "sidco-gpareto", "sidco-gamma"])
 def test_host_syncs_on_cuda_match_the_documented_counts(name):

@@ -266,3 +266,26 @@ def test_the_step_records_the_first_levels_quality_not_the_further_ones(accelera
     first.compress(g)
     assert comps[10.0].last_quality == 1.0                       # the further cut, exact here
     assert record.quality == [pytest.approx(first.last_quality)] and record.quality[0] != 1.0
+
+
+def test_adaptive_statistics_read_nothing_back_on_accelerators(monkeypatch):
+    """An adaptive controller's three squared norms per bucket stay on the device until the
+    carrier bucket reads the step's sum: no sync in a bucket hook (on a GPU each one holds
+    back the backward's launches).  The float64 norm keeps an entry whose square overflows
+    float32 finite, which the CPU path gets by recomputing."""
+    import horovod_gravac.encoder as encoder
+    from horovod_gravac.accounting import StepRecord
+    t = torch.randn(10_000, dtype=torch.float64).float()
+    t[3] = 1e20
+    want = float((t.double() ** 2).sum())
+    assert float(encoder._sq(t)) == pytest.approx(want, rel=1e-12)   # the CPU path
+    monkeypatch.setattr(encoder, "_reads_back_freely", lambda tensor: False)
+    record = StepRecord()
+    with SyncCounter() as c:
+        for part in (t[:4000], t[4000:]):   # two buckets
+            sq = encoder._sq(part)
+            record.add_norms(torch.stack([sq, sq, 0.5 * sq]))
+    assert c.total == 0, dict(c.ops)
+    norms = record.norms
+    assert norms.dtype == torch.float64 and norms[0] == norms[1] == 2 * norms[2]
+    assert float(norms[0]) == pytest.approx(want, rel=1e-12)
