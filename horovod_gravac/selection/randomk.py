@@ -37,7 +37,7 @@ import torch
 from .. import native
 from .base import Selector
 
-_M32 = 0xFFFF_FFFF
+_M32, _M64 = 0xFFFF_FFFF, 0xFFFF_FFFF_FFFF_FFFF
 _MIX1, _MIX2 = 0x7FEB352D, 0x1B873593   # odd, below 2**31: int64 products of 32-bit values stay exact
 
 
@@ -56,9 +56,9 @@ def _draw_key(base: int, step: int, stream: int, draw: int) -> int:
     over each part in turn, in Python integers: the same on every host)."""
     z = 0
     for part in (base, step, stream, draw):
-        z = (z ^ (int(part) & 0xFFFF_FFFF_FFFF_FFFF)) + 0x9E3779B97F4A7C15 & 0xFFFF_FFFF_FFFF_FFFF
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFF_FFFF_FFFF_FFFF
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & 0xFFFF_FFFF_FFFF_FFFF
+        z = ((z ^ (int(part) & _M64)) + 0x9E3779B97F4A7C15) & _M64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
         z ^= z >> 31
     return z
 
@@ -89,8 +89,9 @@ def stratified_draw(numel: int, k: int, key: int, device="cpu") -> torch.Tensor:
 
 
 def _strata_positions(i, numel: int, k: int, key: int):
-    """The draw's formula on ``i = arange(k)`` as an int64 NumPy array or torch tensor
-    (every product below 2**63): the accelerators' path, the CPU's without native kernels."""
+    """The draw's formula on ``i = arange(k)`` as an int64 torch tensor (or NumPy array; every
+    product below 2**63): the accelerators' path, and the reference the other paths are
+    tested against."""
     size, extra = divmod(numel, k)
     h = _mix32(_mix32((i & _M32) ^ (key & _M32)) ^ ((key >> 32) ^ (i >> 32)))
     if extra:   # floor(i * numel / k) = i * size + floor(i * extra / k); width: the next start less this one
