@@ -209,6 +209,7 @@ def test_stratified_draw_same_integers_on_every_path(numel, k):
     accelerators run (here on CPU tensors), bit for bit; int64 beyond int32's range."""
     from horovod_gravac import native
     from horovod_gravac.selection.randomk import _draw_key, _strata_positions, stratified_draw
+    assert torch.equal(stratified_draw(numel, k, -1), stratified_draw(numel, k, 2 ** 64 - 1))   # modulo 2**64
     for key in (0, 1, 2 ** 64 - 1, _draw_key(1234, 7, 3, 1)):
         via_torch = _strata_positions(torch.arange(k, dtype=torch.int64), numel, k, key)
         previous = native.use("off")

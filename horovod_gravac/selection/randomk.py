@@ -72,7 +72,8 @@ def stratified_draw(numel: int, k: int, key: int, device="cpu") -> torch.Tensor:
     i-th stratum ``[floor(i numel / k), floor((i + 1) numel / k))`` (the strata of
     ``sampling.stratified_indices``), as int32 (int64 beyond 2**31 - 1 entries), so
     compressing needs no index conversion.  The same integers for the same
-    ``(numel, k, key)`` on every device and path."""
+    ``(numel, k, key)`` on every device and path (``key`` taken modulo 2**64)."""
+    key = int(key) & _M64
     dtype = _index_dtype(numel)
     device = torch.device(device)
     if k >= numel:
