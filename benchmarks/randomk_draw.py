@@ -57,8 +57,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=9)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    cuda = args.device.startswith("cuda")
     device = torch.device(args.device)
+    cuda = device.type == "cuda"
     rng = np.random.Generator(np.random.PCG64(1234))
     key = _draw_key(1234, 7, 0, 0)
     cols = ["native", "numpy", "pcg64"] + (["device", "pcg64+up"] if cuda else [])

@@ -20,15 +20,17 @@ Measured on an H100: ``benchmarks/results/gpu_h100/call17_step_cost/``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
+
+from horovod_gravac.harness import runlog
+
+from .sample_order_stats import median_ms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name -> harness arguments after --preset/--data
@@ -62,23 +64,17 @@ def plain_step_ms(preset: str, device: str, steps: int, skip: int) -> float | No
     batch = p.get("batch_size", 32)
     x = torch.randn(batch, channels, side, side, device=device)
     y = torch.randint(0, classes, (batch,), device=device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    times = []
-    for _ in range(steps):
-        sync()
-        t0 = time.perf_counter()
+
+    def step():
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[skip:]) * 1e3
+    return median_ms(step, torch.device(device), steps - skip, warmup=skip)
 
 
 def summarize(run_dir: str, skip: int) -> dict:
     """Medians (ms) of a harness run's per-step times, and the floats it sent."""
-    with open(os.path.join(run_dir, "steps.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
+    rows = runlog.load_run(run_dir).steps
     rows = rows[skip:] or rows
 
     def med(key):
