@@ -222,6 +222,12 @@ def test_stratified_draw_same_integers_on_every_path(numel, k):
         assert torch.equal(got.long(), via_torch) and torch.equal(via_numpy, got), (numel, k, key)
 
 
+def test_stratified_draw_refuses_strata_past_its_limit_naming_cf():
+    from horovod_gravac.selection.randomk import stratified_draw
+    with pytest.raises(ValueError, match="compression factor cf"):
+        stratified_draw(2 ** 40, 1, 5)
+
+
 def test_stratified_draw_is_uniform_and_independent():
     """Within a stratum every offset is equally likely (chi-square), and neither neighbouring
     strata nor consecutive steps' draws are correlated (the hash, not a generator, makes

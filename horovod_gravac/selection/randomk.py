@@ -80,7 +80,8 @@ def stratified_draw(numel: int, k: int, key: int, device="cpu") -> torch.Tensor:
         return torch.arange(numel, dtype=dtype, device=device)
     size = numel // k
     if size >= 2 ** 32:   # a stratum too wide for the 31-bit fraction's exact products
-        raise ValueError(f"Random-k: {numel} entries keep {k}, strata of {size} entries; at most 2**32 - 1")
+        raise ValueError(f"Random-k: keeping {k} of {numel} entries makes strata of {size} entries, more than "
+                         f"2**32 - 1 (the draw's limit): lower the compression factor cf")
     if device.type == "cpu":
         if native.available():
             return torch.from_numpy(native.stratified_draw(numel, k, key))
