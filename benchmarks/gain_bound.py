@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from benchmarks.controller_study import BATCH, WORKERS, WORKLOADS, _top
 
 EPSILONS = (0.5, 0.7, 0.9)
-RUNGS = (10, 20, 40)
+RUNGS = (10, 20, 40, 100, 1000)
 
 
 def floor_count(x: torch.Tensor, eps: float) -> int:

@@ -43,6 +43,6 @@ def test_the_report_runs_end_to_end_on_a_short_run():
     for r in rows:
         for eps in gain_bound.EPSILONS:
             assert r[f"cf_layers@{eps}"] <= r[f"cf_bucket@{eps}"] + 1e-9
-        assert 0.0 < r["gain@40"] <= r["gain@20"] <= r["gain@10"] <= 1.0
+        assert 0.0 < r["gain@1000"] <= r["gain@100"] <= r["gain@40"] <= r["gain@20"] <= r["gain@10"] <= 1.0
     text = gain_bound.report("rowlstm", rows, 4)
     assert text.startswith("rowlstm (4 probes") and "1-4" in text
