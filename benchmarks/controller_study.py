@@ -70,8 +70,41 @@ def _top(acc: torch.Tensor, cf: float) -> torch.Tensor:
     return sent
 
 
-def simulate(workload: str, spec: str, seed: int, steps: int = 300, window: int = 20,
-             lr_drop_after: int = 220, eval_every: int = 20) -> List[Eval]:
+class Batches:
+    """Each simulated worker's next batch of ``BATCH`` training digits: one seeded permutation,
+    drawn again once it runs out (the workers take turns on it)."""
+
+    def __init__(self, data, seed: int):
+        self.data = data
+        self.order = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = torch.randperm(len(data.train_y), generator=self.order), 0
+
+    def next(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.pos + BATCH > len(self.perm):
+            self.perm, self.pos = torch.randperm(len(self.data.train_y), generator=self.order), 0
+        idx = self.perm[self.pos:self.pos + BATCH]
+        self.pos += BATCH
+        return self.data.train_x[idx], self.data.train_y[idx]
+
+
+def flat_gradient(model: torch.nn.Module, params, batch) -> torch.Tensor:
+    """The model's gradient on ``batch`` as one flat vector, in ``params``' order."""
+    model.zero_grad()
+    F.cross_entropy(model(batch[0]), batch[1]).backward()
+    return torch.cat([p.grad.reshape(-1) for p in params])
+
+
+def set_gradients(params, update: torch.Tensor) -> None:
+    """Each parameter's ``grad`` from its slice of the flat ``update``."""
+    offset = 0
+    for p in params:
+        p.grad = update[offset:offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+
+
+def setup(workload: str, seed: int):
+    """``(data, model, optimizer)`` of a workload: digits, the model seeded with ``seed``, SGD
+    with momentum; one thread."""
     from horovod_gravac.harness.data import load_digits_data
     from horovod_gravac.harness.models import build_model
     torch.set_num_threads(1)
@@ -80,6 +113,13 @@ def simulate(workload: str, spec: str, seed: int, steps: int = 300, window: int 
     torch.manual_seed(seed)
     model = build_model(w["model"], 10, width=w["width"], in_channels=1, image_size=8)
     opt = torch.optim.SGD(model.parameters(), lr=w["lr"], momentum=0.9, weight_decay=w["weight_decay"])
+    return data, model, opt
+
+
+def simulate(workload: str, spec: str, seed: int, steps: int = 300, window: int = 20,
+             lr_drop_after: int = 220, eval_every: int = 20) -> List[Eval]:
+    w = WORKLOADS[workload]
+    data, model, opt = setup(workload, seed)
     ctrl = make_controller(spec)
     if isinstance(ctrl, GraVAC):
         ctrl.set_world_size(WORKERS)
@@ -89,9 +129,8 @@ def simulate(workload: str, spec: str, seed: int, steps: int = 300, window: int 
     residual = [torch.zeros(n) for _ in range(WORKERS)]
     owed = [r.clone() for r in residual]          # G of the window ("delivered")
     delivered = [torch.zeros(n) for _ in range(WORKERS)]   # D of the window
-    order = torch.Generator().manual_seed(seed)
+    batches = Batches(data, seed)
     jitter = random.Random(seed)
-    perm, pos = torch.randperm(len(data.train_y), generator=order), 0
     a, b, dense_ms = w["cost"]
     # Only the paper's and the ladder's rules decide from the per-step gains; static CFs and
     # "delivered" (which decides from the window sums) are spared a Top-k per worker and step.
@@ -106,13 +145,7 @@ def simulate(workload: str, spec: str, seed: int, steps: int = 300, window: int 
         update = torch.zeros(n)
         ef_sq = min_sq = cand_sq = 0.0
         for r in range(WORKERS):
-            if pos + BATCH > len(perm):
-                perm, pos = torch.randperm(len(data.train_y), generator=order), 0
-            idx = perm[pos:pos + BATCH]
-            pos += BATCH
-            model.zero_grad()
-            F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
-            grad = torch.cat([p.grad.reshape(-1) for p in params])
+            grad = flat_gradient(model, params, batches.next())
             acc = residual[r] + grad
             ef_sq += float(acc @ acc) / WORKERS
             if paper_gains and d.theta_min > DENSE:   # theta_min's gain, the candidate's from its payload
@@ -125,10 +158,7 @@ def simulate(workload: str, spec: str, seed: int, steps: int = 300, window: int 
             owed[r] += grad
             delivered[r] += sent
             update += sent / WORKERS
-        offset = 0
-        for p in params:
-            p.grad = update[offset:offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
+        set_gradients(params, update)
         opt.step()
         ms = (dense_ms if d.send_cf == DENSE else a + b / d.send_cf) * jitter.uniform(0.9, 1.1)
         seconds += ms / 1000

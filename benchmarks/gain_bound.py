@@ -27,9 +27,8 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Dict, List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from benchmarks.controller_study import BATCH, WORKERS, WORKLOADS, _top
+from benchmarks.controller_study import WORKERS, WORKLOADS, Batches, _top, flat_gradient, set_gradients, setup
 
 EPSILONS = (0.5, 0.7, 0.9)
 RUNGS = (10, 20, 40, 100, 1000)
@@ -54,32 +53,17 @@ def rung_gain(x: torch.Tensor, cf: float) -> float:
 
 def measure(workload: str, seed: int, steps: int, every: int) -> List[Dict]:
     """One Top-k 10x training run; per probe step and worker, the bounds on its error-fed gradient."""
-    from horovod_gravac.harness.data import load_digits_data
-    from horovod_gravac.harness.models import build_model
-    torch.set_num_threads(1)
-    w = WORKLOADS[workload]
-    data = load_digits_data()
-    torch.manual_seed(seed)
-    model = build_model(w["model"], 10, width=w["width"], in_channels=1, image_size=8)
-    opt = torch.optim.SGD(model.parameters(), lr=w["lr"], momentum=0.9, weight_decay=w["weight_decay"])
-    named = [(name, p) for name, p in model.named_parameters()]
-    sizes = [p.numel() for _, p in named]
+    data, model, opt = setup(workload, seed)
+    params = list(model.parameters())
+    sizes = [p.numel() for p in params]
     n = sum(sizes)
     residual = [torch.zeros(n) for _ in range(WORKERS)]
-    order = torch.Generator().manual_seed(seed)
-    perm, pos = torch.randperm(len(data.train_y), generator=order), 0
+    batches = Batches(data, seed)
     rows = []
     for step in range(1, steps + 1):
         update = torch.zeros(n)
         for r in range(WORKERS):
-            if pos + BATCH > len(perm):
-                perm, pos = torch.randperm(len(data.train_y), generator=order), 0
-            idx = perm[pos:pos + BATCH]
-            pos += BATCH
-            model.zero_grad()
-            F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
-            grad = torch.cat([p.grad.reshape(-1) for _, p in named])
-            acc = residual[r] + grad
+            acc = residual[r] + flat_gradient(model, params, batches.next())
             if step % every == 0:
                 row = {"step": step, "worker": r}
                 for eps in EPSILONS:
@@ -93,10 +77,7 @@ def measure(workload: str, seed: int, steps: int, every: int) -> List[Dict]:
             sent = _top(acc, 10.0)
             residual[r] = acc - sent
             update += sent / WORKERS
-        offset = 0
-        for _, p in named:
-            p.grad = update[offset:offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
+        set_gradients(params, update)
         opt.step()
     return rows
 
