@@ -16,6 +16,23 @@ def test_gpu_check_script_parses():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
 
 
+SESSION = ROOT / "scripts" / "gpu_session.sh"
+
+
+def test_gpu_session_script_parses_and_names_what_is_missing(tmp_path):
+    subprocess.run(["bash", "-n", str(SESSION)], check=True)
+    usage = subprocess.run(["bash", str(SESSION)], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and "prepare|run" in usage.stderr
+    # run without the carried archive: a clear message naming the command that fetches it,
+    # before anything is built
+    env = dict(os.environ, GPU_CARRY=str(tmp_path / "carry"), OUT=str(tmp_path / "out"), PYTHON=sys.executable)
+    proc = subprocess.run(["bash", str(SESSION), "run"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "horovod-0.28.1.tar.gz" in proc.stderr and "gpu_session.sh prepare" in proc.stderr
+    assert (tmp_path / "out" / "gpu_check" / "git.txt").exists()
+    assert not (tmp_path / "out" / "gpu_check" / "build_ext.log").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: run scripts/gpu_check.sh itself")
 def test_gpu_check_without_a_gpu_says_so_and_dry_runs_every_step(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, RESULTS=str(tmp_path / "r"), GPU_CHECK_DRY_RUN="1",
