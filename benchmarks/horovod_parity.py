@@ -22,20 +22,18 @@ package's buckets differ most).
 """
 import argparse
 import statistics
-import time
 
 import torch
 
 import horovod.torch as hvd
 import horovod_gravac as hg
+from benchmarks.step_overhead import make_model as make_mlp, timed_steps
 
 
 def make_model(kind: str, width: int) -> torch.nn.Module:
+    if kind == "mlp":   # step_overhead's model
+        return make_mlp(width)
     torch.manual_seed(0)
-    if kind == "mlp":
-        return torch.nn.Sequential(torch.nn.Linear(256, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                                   torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
-                                   torch.nn.Linear(width, 10))
     from horovod_gravac.harness.models import build_model
     if kind == "resnet":   # ResNet101's 314 parameter tensors at a width a CPU steps through
         return build_model("resnet101", 10, width=8, in_channels=3)
@@ -86,13 +84,7 @@ def main(argv=None):
         times = {name: [] for name in names}
         for rnd in range(args.rounds + 1):   # round 0 warms up
             for name, model, opt in runners:
-                block = []
-                for _ in range(args.steps):
-                    t0 = time.perf_counter()
-                    opt.zero_grad()
-                    torch.nn.functional.cross_entropy(model(x), y).backward()
-                    opt.step()
-                    block.append(time.perf_counter() - t0)
+                block = timed_steps(model, opt, x, y, args.steps)
                 if rnd:
                     times[name].extend(block)
                     blocks[name].append(statistics.fmean(block))

@@ -45,6 +45,19 @@ def make_model(width):
                                torch.nn.Linear(width, 10))
 
 
+def timed_steps(model, opt, x, y, steps):
+    """Wall seconds of each of ``steps`` training steps on one batch (zero_grad, forward,
+    backward, ``opt.step()``)."""
+    out = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 class PinnedGraVAC(hg.GraVAC):
     """GraVAC doing all its per-step work (both levels, gains, consensus) but pinned to
     one decision, so the comparison is at exactly the same CF."""
@@ -119,13 +132,7 @@ def main():
     blocks = {id(opt): [] for _, _, _, opt, _ in runners}   # mean step time per round
     for rnd in range(args.rounds + 1):          # round 0 is warm-up
         for cf, name, model, opt, times in runners:
-            block = []
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                opt.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                opt.step()
-                block.append(time.perf_counter() - t0)
+            block = timed_steps(model, opt, x, y, args.steps)
             opt.stats   # let the last consensus exchange finish inside its own block
             if rnd:
                 times.extend(block)
