@@ -34,14 +34,21 @@ EPSILONS = (0.5, 0.7, 0.9)
 RUNGS = (10, 20, 40, 100, 1000)
 
 
-def floor_count(x: torch.Tensor, eps: float) -> int:
-    """Fewest entries of ``x`` that keep ``eps`` of its squared norm (the largest ones)."""
+def floor_counts(x: torch.Tensor, epsilons) -> List[int]:
+    """For each eps, the fewest entries of ``x`` that keep ``eps`` of its squared norm (the
+    largest ones): one sort for all of them."""
     sq = (x.double() ** 2).sort(descending=True).values
     cum = sq.cumsum(0)
     total = float(cum[-1])
     if total <= 0.0:
-        return 1
-    return int(torch.searchsorted(cum, torch.tensor([eps * total], dtype=torch.float64))[0]) + 1
+        return [1 for _ in epsilons]
+    wanted = torch.tensor([eps * total for eps in epsilons], dtype=torch.float64)
+    return [int(j) + 1 for j in torch.searchsorted(cum, wanted)]
+
+
+def floor_count(x: torch.Tensor, eps: float) -> int:
+    """Fewest entries of ``x`` that keep ``eps`` of its squared norm (the largest ones)."""
+    return floor_counts(x, [eps])[0]
 
 
 def rung_gain(x: torch.Tensor, cf: float) -> float:
@@ -66,11 +73,13 @@ def measure(workload: str, seed: int, steps: int, every: int) -> List[Dict]:
             acc = residual[r] + flat_gradient(model, params, batches.next())
             if step % every == 0:
                 row = {"step": step, "worker": r}
-                for eps in EPSILONS:
-                    row[f"cf_bucket@{eps}"] = n / floor_count(acc, eps)
-                    # every layer held to eps on its own: the sum of the layers' floors
-                    row[f"cf_layers@{eps}"] = n / sum(floor_count(part, eps)
-                                                      for part in acc.split(sizes) if part.numel())
+                bucket = floor_counts(acc, EPSILONS)
+                # every layer held to eps on its own: the sum of the layers' floors
+                layers = [sum(c) for c in zip(*(floor_counts(part, EPSILONS)
+                                                for part in acc.split(sizes) if part.numel()))]
+                for eps, fb, fl in zip(EPSILONS, bucket, layers):
+                    row[f"cf_bucket@{eps}"] = n / fb
+                    row[f"cf_layers@{eps}"] = n / fl
                 for cf in RUNGS:
                     row[f"gain@{cf}"] = rung_gain(acc, cf)
                 rows.append(row)
