@@ -70,7 +70,7 @@ import torch
 
 from .. import native
 from .base import check_count, check_fraction
-from .kernels import TINY, select_abs_at_least
+from .kernels import TINY, gather_abs_at_least, read_back, select_abs_at_least
 from .sampling import (host_abs_sample, host_rank_value, host_sample_size, sample_quantile, sample_quantiles,
                        sample_size, stratified_abs_sample)
 from .threshold import ThresholdSelector
@@ -80,6 +80,9 @@ from .topk import sample_size as topk_sample_size
 _BRACKET_SIGMAS = 4.0
 # Search on the sample's counts when it expects at least this many kept entries (error <= 1 %).
 _SAMPLE_COUNT_HITS = 10_000
+# Accelerators: candidate buffers hold this many times the sample's expected count (plus 6
+# sigma): the bracket is already 4 sigma wide, so they overflow (two more syncs) almost never.
+_CANDIDATE_SLACK = 1.25
 
 
 def redsync_search(values: torch.Tensor, k: int, lo: torch.Tensor, hi: torch.Tensor,
@@ -251,6 +254,9 @@ class RedSyncSelector(ThresholdSelector):
         else:
             floor, ceil = sample_quantiles(sample, s, [hits + spread, max(hits - spread, 1.0)])
         floor = floor.clamp(min=TINY)
+        if _resolves(flat):   # accelerators: the whole selection on one host synchronisation
+            expected = (hits + spread) * n / s if s < n else float(k)
+            return self._select_one_copy(flat, k, floor, ceil, expected, self._steps(spread, hits))
         if s < n and hits >= _SAMPLE_COUNT_HITS:
             # Low CF: gathering >= k candidates would cost as much as the selection itself,
             # while the sample already pins every count to ~1/sqrt(hits) <= 1 %: search on
@@ -261,15 +267,69 @@ class RedSyncSelector(ThresholdSelector):
             idx, _ = select_abs_at_least(flat, thr.clamp(min=TINY), k / n, magnitudes=False)   # sync 1
             return idx
         cand_idx, cand = select_abs_at_least(flat, floor, (hits + spread) / s)   # sync 1
+        # Everything at or above the floor is kept when that is within tolerance, or (rarely)
+        # when the floor overshot and no threshold the candidates can express keeps more.
+        return self._finish_synced(cand_idx, cand, k, floor, ceil, self._steps(spread, hits))   # sync 2
+
+    def _select_one_copy(self, flat: torch.Tensor, k: int, floor: torch.Tensor, ceil: torch.Tensor,
+                         expected: float, steps: int) -> torch.Tensor:
+        """The accelerators' selection, with one host synchronisation at every CF.
+
+        The candidates (``|x| >= floor``) go into buffers sized from the sample's expectation
+        (:func:`~.kernels.gather_abs_at_least`: no ``nonzero`` sync) and are sorted once,
+        largest first.  One copy then brings to the host their count, the bracket, the
+        maximum and the sorted magnitudes of ranks ``ceil(few)`` to ``floor(many) + 1``, the
+        *window*: its ends are the two order statistics that decide every step of the search
+        (:func:`_fetch`), and a threshold that ends within tolerance lies inside it, so the
+        kept count is ``ceil(few) - 1`` plus the window's entries above the threshold.  The
+        kept entries are then the first that many of the sorted order: no compare, no
+        ``nonzero``, no second copy.  The threshold and the kept set are those of
+        :func:`_bracketed_search` over the same candidates, bit for bit; only the order of the
+        indices differs (largest first instead of ascending).
+
+        Two rare cases read back more: candidates overflowing their buffers (the sample's
+        bracket missed by far more than its 4 sigma) go through :func:`_bracketed_search`
+        (two more syncs), and a search that ends outside tolerance (its steps ran out) keeps
+        ``values > threshold`` with a ``nonzero`` (one more)."""
+        n = flat.numel()
+        few, many = k * (1.0 - self.tolerance), k * (1.0 + self.tolerance)
+        r_few, r_many = max(math.ceil(few), 1), math.floor(many) + 1   # 1-based ranks, largest first
+        capacity = min(n, max(r_many, int(expected * _CANDIDATE_SLACK + 6.0 * math.sqrt(expected) + 64)))
+        pos, mags, count = gather_abs_at_least(flat, floor, capacity)
+        ordered, order = torch.sort(mags, descending=True)
+        window = ordered[r_few - 1:r_many]
+        dtype = ordered.dtype
+        scalars = torch.cat([floor.to(dtype).view(1), ceil.to(dtype).view(1), ordered[:1], window])
+        m, host = read_back(count, scalars, capacity)                          # the one sync
+        if m > capacity:   # the buffers were too small: the synchronising path, same result
+            cand_idx, cand = select_abs_at_least(flat, floor, m / n)
+            return self._finish_synced(cand_idx, cand, k, floor, ceil, steps)
+        if m <= many:      # every candidate: within tolerance (or the floor overshot)
+            self.last_steps = 0
+            return pos[:m]
+        self.last_steps = steps
+        floor_h, ceil_h, vmax = (float(v) for v in host[:3])
+        window_h = host[3:]
+        above_few, above_many = float(window_h[0]), float(window_h[-1])   # ranks r_few and r_many
+        hi = min(vmax, ceil_h)
+        if hi < above_many:   # #(cand > hi) > many: the sampled upper end keeps too many
+            hi = vmax
+        thr, _ = _bisect_on_host(min(floor_h, hi), hi, above_many, above_few, steps, dtype)
+        if above_many <= thr < above_few:   # the kept count is decided inside the window
+            kept = r_few - 1 + int(np.count_nonzero(window_h > window_h.dtype.type(thr)))
+            return pos.index_select(0, order[:kept])
+        keep = torch.nonzero(mags > thr).view(-1)                                        # sync 2
+        return pos.index_select(0, keep)
+
+    def _finish_synced(self, cand_idx: torch.Tensor, cand: torch.Tensor, k: int, floor: torch.Tensor,
+                       ceil: torch.Tensor, steps: int) -> torch.Tensor:
+        """The candidates' search and selection with synchronisations of their own."""
         if cand.numel() <= k * (1.0 + self.tolerance):
-            # Everything at or above the floor: within tolerance, or (rarely) the floor
-            # overshot and no threshold the candidates can express keeps more.
             self.last_steps = 0
             return cand_idx
-        steps = self._steps(spread, hits)
         self.last_steps = steps
-        thr = _bracketed_search(cand, k, floor, ceil, steps, self.tolerance)   # accelerators: a copy
-        keep = torch.nonzero(cand > thr).view(-1)                              # sync 2
+        thr = _bracketed_search(cand, k, floor, ceil, steps, self.tolerance)
+        keep = torch.nonzero(cand > thr).view(-1)
         return cand_idx.index_select(0, keep)
 
     def _steps(self, spread: float, hits: float) -> int:
