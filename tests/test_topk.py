@@ -231,7 +231,7 @@ def test_device_path_syncs_once(monkeypatch, order_statistic):
 class SyncCounter(TorchDispatchMode):
     """Counts the aten operations that make an accelerator wait for the host (as tests/test_host_syncs.py)."""
 
-    SYNC_OPS = {"aten::nonzero", "aten::masked_select", "aten::_local_scalar_dense",
+    SYNC_OPS = {"aten::nonzero", "aten::nonzero_static", "aten::masked_select", "aten::_local_scalar_dense",
                 "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_consecutive",
                 "aten::unique_dim", "aten::repeat_interleave", "aten::is_nonzero", "aten::equal"}
 

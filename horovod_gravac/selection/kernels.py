@@ -4,10 +4,6 @@
   squares of the excesses ``|x| - t`` over ``|x| > t``;
 * :func:`select_abs_at_least`: indices and magnitudes of the entries with
   ``|x| >= t`` (with a column-maximum prefilter on the CPU when few entries pass);
-* :func:`gather_abs_at_least`: the same entries as :func:`select_abs_at_least` into buffers
-  of a size the caller gives, with no host synchronisation (accelerators);
-* :func:`static_positions`: ``nonzero`` of a mask whose count the host already knows, with
-  no host synchronisation;
 * :func:`host_path`: whether a tensor takes the CPU host path (see ``threshold.py``).
 
 On the CPU the passes run over cache-sized chunks of the tensor with one reused
@@ -140,56 +136,6 @@ def select_abs_at_least(flat: torch.Tensor, threshold: torch.Tensor, density: fl
             vals.append(b.index_select(0, local))
         idxs.append(local.add_(start))
     return torch.cat(idxs), (torch.cat(vals) if magnitudes else None)
-
-
-def static_positions(mask: torch.Tensor, size: int, fill: int = -1) -> torch.Tensor:
-    """Flat int64 positions of the first ``size`` true entries of a 1-D ``mask``, in order,
-    padded with ``fill`` when it holds fewer.
-
-    ``torch.nonzero`` must learn its output size before it can allocate it: on an accelerator
-    that is a host synchronisation, which waits for every queued kernel and leaves the device
-    idle while the next launches are issued.  With the size given (the host has counted
-    already, or a capacity is enough) ``nonzero_static`` needs none.  Where a device has no
-    ``nonzero_static`` the positions come from ``nonzero`` (a sync), cut or padded to ``size``:
-    the same result."""
-    try:
-        return torch.nonzero_static(mask, size=size, fill_value=fill).view(-1)
-    except (NotImplementedError, RuntimeError, AttributeError):   # pragma: no cover - old torch/devices
-        idx = torch.nonzero(mask).view(-1)[:size]
-        return torch.cat([idx, idx.new_full((size - idx.numel(),), fill)])
-
-
-def gather_abs_at_least(flat: torch.Tensor, threshold: torch.Tensor,
-                        capacity: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The entries with ``|x| >= threshold`` into buffers of ``capacity`` slots, with no host
-    synchronisation: ``(positions, magnitudes, count)``.
-
-    ``positions`` holds the first ``min(count, capacity)`` flat indices in ascending order,
-    then -1; ``magnitudes`` their ``|x|``, then -1 (below every threshold: padding is never
-    kept and sorts last); ``count`` (a 0-dim float64 device tensor, exact) is the number of entries
-    that passed, which can exceed ``capacity``: the caller reads it back with whatever else it
-    needs from the device, in one copy, and falls back to :func:`select_abs_at_least` when
-    the buffers were too small.  For accelerators: on a GPU :func:`select_abs_at_least`'s
-    ``nonzero`` is a synchronisation of its own."""
-    a = _work_dtype(flat).abs()
-    mask = a >= threshold.to(a.dtype)
-    pos = static_positions(mask, capacity)
-    padded = pos < 0
-    mags = a.index_select(0, pos.clamp(min=0)).masked_fill_(padded, -1.0)
-    return pos, mags, mask.sum(dtype=torch.float64)
-
-
-def read_back(count: torch.Tensor, values: torch.Tensor, capacity: int) -> Tuple[int, np.ndarray]:
-    """``(count, values)`` on the host in one copy (one host synchronisation on accelerators):
-    ``count`` from :func:`gather_abs_at_least` as an int, ``values`` as an array of their dtype.
-
-    They travel in the values' dtype: a float32 count is exact below 2**24, and a count above a
-    ``capacity`` under 2**24 still reads as above it (what the caller checks), so only larger
-    capacities need a float64 copy."""
-    wide = values.dtype == torch.float32 and capacity >= 1 << 24
-    dtype = torch.float64 if wide else values.dtype
-    host = torch.cat([count.to(dtype).view(1), values.to(dtype)]).cpu().numpy()
-    return int(host[0]), (host[1:].astype(np.float32) if wide else host[1:])
 
 
 def _select_native(x, threshold: float, density: float, magnitudes: bool):

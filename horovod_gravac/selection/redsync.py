@@ -70,9 +70,9 @@ import torch
 
 from .. import native
 from .base import check_count, check_fraction
-from .kernels import TINY, gather_abs_at_least, read_back, select_abs_at_least
-from .sampling import (host_abs_sample, host_rank_value, host_sample_size, sample_quantile, sample_quantiles,
-                       sample_size, stratified_abs_sample)
+from .kernels import TINY, _work_dtype, select_abs_at_least
+from .sampling import (host_abs_sample, host_rank_value, host_sample_size, margin_rank, sample_quantile,
+                       sample_quantiles, sample_size, stratified_abs_sample)
 from .threshold import ThresholdSelector
 from .topk import sample_size as topk_sample_size
 
@@ -80,9 +80,10 @@ from .topk import sample_size as topk_sample_size
 _BRACKET_SIGMAS = 4.0
 # Search on the sample's counts when it expects at least this many kept entries (error <= 1 %).
 _SAMPLE_COUNT_HITS = 10_000
-# Accelerators: candidate buffers hold this many times the sample's expected count (plus 6
-# sigma): the bracket is already 4 sigma wide, so they overflow (two more syncs) almost never.
-_CANDIDATE_SLACK = 1.25
+# Accelerators: the sample that places the candidates' floor.  Its sort is one of the call's
+# larger kernels, and 16384 already hold 167 entries above the floor's rank at CF 100 (4 sigma:
+# ~1.3x the entries the search needs become candidates; ~1.1x at CF 10, ~2x at CF 1000).
+_DEVICE_SAMPLE = 1 << 14
 
 
 def redsync_search(values: torch.Tensor, k: int, lo: torch.Tensor, hi: torch.Tensor,
@@ -166,11 +167,18 @@ def _bisect_on_host(lo: float, hi: float, above_many: float, above_few: float, s
     """:func:`redsync_search`'s steps on host numbers: ``too many`` is ``mid < above_many``,
     ``too few`` is ``mid >= above_few`` (see :func:`_fetch`).  The midpoints are rounded to
     ``dtype`` as the device computes them, so the bounds are the device's bit for bit."""
+    return _bisect_counting_steps(lo, hi, above_many, above_few, steps, dtype)[:2]
+
+
+def _bisect_counting_steps(lo: float, hi: float, above_many: float, above_few: float, steps: int,
+                           dtype: torch.dtype) -> Tuple[float, float, int]:
+    """:func:`_bisect_on_host`, and how many steps it took."""
     rounded = _ROUNDING.get(dtype)
     if rounded is None:   # no NumPy scalar type rounds like it: 0-dim CPU tensors (slower)
         rounded = lambda v, dt=dtype: torch.tensor(v, dtype=dt)   # noqa: E731
     lo, hi, half = rounded(lo), rounded(hi), rounded(0.5)
-    for _ in range(steps):
+    taken = 0
+    for taken in range(1, steps + 1):
         mid = (lo + hi) * half
         if mid < above_many:      # too many kept: raise the threshold
             lo = mid
@@ -179,7 +187,7 @@ def _bisect_on_host(lo: float, hi: float, above_many: float, above_few: float, s
         else:                     # within tolerance (or NaN): done
             lo = hi = mid
             break
-    return float(lo), float(hi)
+    return float(lo), float(hi), taken
 
 
 _ROUNDING = {torch.float32: np.float32, torch.float64: np.float64}
@@ -243,6 +251,8 @@ class RedSyncSelector(ThresholdSelector):
         self.last_steps = 0
 
     def _select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
+        if _resolves(flat):   # accelerators
+            return self._select_on_device(flat, k)
         n = flat.numel()
         ratio = 0.01 if self.sample_ratio is None else self.sample_ratio
         s = sample_size(n, k, ratio, self.min_sample_hits)
@@ -254,9 +264,6 @@ class RedSyncSelector(ThresholdSelector):
         else:
             floor, ceil = sample_quantiles(sample, s, [hits + spread, max(hits - spread, 1.0)])
         floor = floor.clamp(min=TINY)
-        if _resolves(flat):   # accelerators: the whole selection on one host synchronisation
-            expected = (hits + spread) * n / s if s < n else float(k)
-            return self._select_one_copy(flat, k, floor, ceil, expected, self._steps(spread, hits))
         if s < n and hits >= _SAMPLE_COUNT_HITS:
             # Low CF: gathering >= k candidates would cost as much as the selection itself,
             # while the sample already pins every count to ~1/sqrt(hits) <= 1 %: search on
@@ -267,70 +274,64 @@ class RedSyncSelector(ThresholdSelector):
             idx, _ = select_abs_at_least(flat, thr.clamp(min=TINY), k / n, magnitudes=False)   # sync 1
             return idx
         cand_idx, cand = select_abs_at_least(flat, floor, (hits + spread) / s)   # sync 1
-        # Everything at or above the floor is kept when that is within tolerance, or (rarely)
-        # when the floor overshot and no threshold the candidates can express keeps more.
-        return self._finish_synced(cand_idx, cand, k, floor, ceil, self._steps(spread, hits))   # sync 2
+        if cand.numel() <= k * (1.0 + self.tolerance):
+            # Everything at or above the floor: within tolerance, or (rarely) the floor
+            # overshot and no threshold the candidates can express keeps more.
+            self.last_steps = 0
+            return cand_idx
+        steps = self._steps(spread, hits)
+        self.last_steps = steps
+        thr = _bracketed_search(cand, k, floor, ceil, steps, self.tolerance)   # accelerators: a copy
+        keep = torch.nonzero(cand > thr).view(-1)                              # sync 2
+        return cand_idx.index_select(0, keep)
 
-    def _select_one_copy(self, flat: torch.Tensor, k: int, floor: torch.Tensor, ceil: torch.Tensor,
-                         expected: float, steps: int) -> torch.Tensor:
-        """The accelerators' selection, with one host synchronisation at every CF.
+    def _select_on_device(self, flat: torch.Tensor, k: int) -> torch.Tensor:
+        """The accelerators' selection: 15 tensor operations and two host synchronisations.
 
-        The candidates (``|x| >= floor``) go into buffers sized from the sample's expectation
-        (:func:`~.kernels.gather_abs_at_least`: no ``nonzero`` sync) and are sorted once,
-        largest first.  One copy then brings to the host their count, the bracket, the
-        maximum and the sorted magnitudes of ranks ``ceil(few)`` to ``floor(many) + 1``, the
-        *window*: its ends are the two order statistics that decide every step of the search
-        (:func:`_fetch`), and a threshold that ends within tolerance lies inside it, so the
-        kept count is ``ceil(few) - 1`` plus the window's entries above the threshold.  The
-        kept entries are then the first that many of the sorted order: no compare, no
-        ``nonzero``, no second copy.  The threshold and the kept set are those of
-        :func:`_bracketed_search` over the same candidates, bit for bit; only the order of the
-        indices differs (largest first instead of ascending).
+        On a GPU at bucket sizes a call's time is set by how many operations it launches
+        (each costs the host 10-25 us, the kernels behind them a few) and how often it waits,
+        not by arithmetic (``benchmarks/device_primitives.py``).  So:
 
-        Two rare cases read back more: candidates overflowing their buffers (the sample's
-        bracket missed by far more than its 4 sigma) go through :func:`_bracketed_search`
-        (two more syncs), and a search that ends outside tolerance (its steps ran out) keeps
-        ``values > threshold`` with a ``nonzero`` (one more)."""
+        1. a uniform sample of ``_DEVICE_SAMPLE`` magnitudes (one ``randint``, one gather) places
+           a floor 4 standard deviations of the sampled count below the ``r_many``-th largest
+           magnitude (``r_many = floor(k (1 + tolerance)) + 1``);
+        2. the candidates ``|x| >= floor`` (a ``nonzero``: sync 1) are sorted once, largest
+           first, and their first ``r_many`` magnitudes copied to the host (sync 2);
+        3. the search runs there on ``[T_many, max]``, ``T_many`` the ``r_many``-th largest
+           magnitude: every midpoint below it would keep too many and only move the lower end
+           up, so starting there skips exactly the steps that cannot end the search (RedSync
+           starts at the mean; the midpoints differ, the rule does not).  The order statistics
+           of ranks ``ceil(few)`` and ``r_many`` decide every step (:func:`_fetch`), and since
+           the threshold never goes below ``T_many`` the copied magnitudes also give the kept
+           count exactly;
+        4. the kept entries are the first that many of the sorted order (no compare, no
+           ``nonzero``), largest first.
+
+        The kept set depends on the tensor alone (not on the sample) whenever the floor holds at
+        least ``r_many`` candidates; when it does not (probability ~3e-5), every candidate is
+        kept, as when they are within tolerance."""
         n = flat.numel()
         few, many = k * (1.0 - self.tolerance), k * (1.0 + self.tolerance)
         r_few, r_many = max(math.ceil(few), 1), math.floor(many) + 1   # 1-based ranks, largest first
-        capacity = min(n, max(r_many, int(expected * _CANDIDATE_SLACK + 6.0 * math.sqrt(expected) + 64)))
-        pos, mags, count = gather_abs_at_least(flat, floor, capacity)
-        ordered, order = torch.sort(mags, descending=True)
-        window = ordered[r_few - 1:r_many]
-        dtype = ordered.dtype
-        scalars = torch.cat([floor.to(dtype).view(1), ceil.to(dtype).view(1), ordered[:1], window])
-        m, host = read_back(count, scalars, capacity)                          # the one sync
-        if m > capacity:   # the buffers were too small: the synchronising path, same result
-            cand_idx, cand = select_abs_at_least(flat, floor, m / n)
-            return self._finish_synced(cand_idx, cand, k, floor, ceil, steps)
-        if m <= many:      # every candidate: within tolerance (or the floor overshot)
-            self.last_steps = 0
-            return pos[:m]
-        self.last_steps = steps
-        floor_h, ceil_h, vmax = (float(v) for v in host[:3])
-        window_h = host[3:]
-        above_few, above_many = float(window_h[0]), float(window_h[-1])   # ranks r_few and r_many
-        hi = min(vmax, ceil_h)
-        if hi < above_many:   # #(cand > hi) > many: the sampled upper end keeps too many
-            hi = vmax
-        thr, _ = _bisect_on_host(min(floor_h, hi), hi, above_many, above_few, steps, dtype)
-        if above_many <= thr < above_few:   # the kept count is decided inside the window
-            kept = r_few - 1 + int(np.count_nonzero(window_h > window_h.dtype.type(thr)))
-            return pos.index_select(0, order[:kept])
-        keep = torch.nonzero(mags > thr).view(-1)                                        # sync 2
-        return pos.index_select(0, keep)
-
-    def _finish_synced(self, cand_idx: torch.Tensor, cand: torch.Tensor, k: int, floor: torch.Tensor,
-                       ceil: torch.Tensor, steps: int) -> torch.Tensor:
-        """The candidates' search and selection with synchronisations of their own."""
-        if cand.numel() <= k * (1.0 + self.tolerance):
+        a = _work_dtype(flat).abs()
+        floor = TINY   # zeros are never kept
+        s = min(n, _DEVICE_SAMPLE)
+        if s < n and r_many < n:
+            gen = self._generators(flat.device)
+            sample = a.index_select(0, torch.randint(n, (s,), generator=gen, device=gen.device))
+            rank = margin_rank(s, s * r_many / n, _BRACKET_SIGMAS)
+            floor = torch.sort(sample).values[s - rank].clamp(min=TINY)
+        cand_idx = torch.nonzero(a >= floor).view(-1)                                # sync 1
+        if cand_idx.numel() <= many:   # within tolerance, or (rarely) the floor overshot
             self.last_steps = 0
             return cand_idx
-        self.last_steps = steps
-        thr = _bracketed_search(cand, k, floor, ceil, steps, self.tolerance)
-        keep = torch.nonzero(cand > thr).view(-1)
-        return cand_idx.index_select(0, keep)
+        ordered, order = torch.sort(a.index_select(0, cand_idx), descending=True)
+        top = ordered[:r_many].cpu().numpy()                                         # sync 2
+        above_many, above_few = float(top[-1]), float(top[r_few - 1])
+        thr, _, self.last_steps = _bisect_counting_steps(above_many, float(top[0]), above_many, above_few,
+                                                         self.max_steps, a.dtype)
+        kept = int(np.count_nonzero(top > top.dtype.type(thr)))   # exact: thr >= T_many
+        return cand_idx.index_select(0, order[:kept])
 
     def _steps(self, spread: float, hits: float) -> int:
         width = 2.0 * spread / max(hits, 1.0)      # relative bracket width in counts

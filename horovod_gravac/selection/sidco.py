@@ -84,8 +84,7 @@ import torch
 from .. import native
 from .base import check_count, check_fraction
 from .fits import DISTRIBUTIONS, excess_moments, fitted_excess, fitted_excess_host
-from .kernels import (TINY, exceedance_moments, gather_abs_at_least, read_back, select_abs_at_least,
-                      static_positions)
+from .kernels import TINY, _work_dtype, exceedance_moments, select_abs_at_least
 from .sampling import host_abs_sample, stratified_abs_sample
 from .threshold import ThresholdSelector
 
@@ -118,9 +117,9 @@ _SAMPLE_DEEP_MIN = 100
 # bucket sizes, benchmarks/sidco_device_sample.py; the CPU's fits are native passes).
 _CANDIDATE_FITS = 1 << 16
 _DEVICE_CANDIDATE_FITS = 1 << 15
-# Accelerators copy every candidate's magnitude to the host up to this many (1 MiB of float32):
-# the host then counts the kept ones exactly and the device selects them without a sync; above
-# it they copy every stride-th and select with a ``nonzero`` (one more sync, against a larger copy).
+# Accelerators copy every candidate's magnitude to the host up to this many (1 MiB of float32;
+# a 6.5M-entry bucket's at CF 100): the kept ones are then picked on the host and their positions
+# uploaded, instead of a compare and a nonzero on the device (two launches and a sync fewer).
 _DEVICE_COPY_ALL = 1 << 18
 
 
@@ -218,47 +217,43 @@ class SIDCoSelector(ThresholdSelector):
         with an 8192-entry sample and at most 32768 candidates, see ``_HOST_SAMPLE``."""
         n = flat.numel()
         squares = self.distribution != "exponential"
+        # |x| once, for the sample and every gather: on a GPU a call's time is mostly the host's
+        # cost of launching its operations (benchmarks/device_primitives.py), so it runs few.
+        a = _work_dtype(flat).abs()
+        rounded = np.float64 if a.dtype == torch.float64 else np.float32
         s = min(n, _HOST_SAMPLE)
-        sample = _to_host(stratified_abs_sample(flat, s, self._generators(flat.device)))
+        if s < n:   # a uniform sample (one randint, one gather; a stratified one takes 5 more)
+            gen = self._generators(flat.device)
+            sample = _to_host(a.index_select(0, torch.randint(n, (s,), generator=gen, device=gen.device)))
+        else:
+            sample = _to_host(a)
 
         def pass_moments(threshold):
             moments = exceedance_moments(flat, torch.tensor(threshold, dtype=torch.float64), squares)
             return tuple(_to_host(moments).tolist())
 
         def gather(threshold, expected, final):
-            at = torch.tensor(threshold, dtype=torch.float64)
+            # (|x| >= t in the tensor's precision, as select_abs_at_least compares)
+            idx = torch.nonzero(a >= float(rounded(threshold))).view(-1)
             if final:
-                return select_abs_at_least(flat, at, expected / n, False)[0], None, 1
-            # Into buffers sized from the plan (no nonzero sync); their count comes back in the
-            # same copy as the magnitudes: all of them while that is at most _DEVICE_COPY_ALL,
-            # so that the kept count is known on the host too (see finish), else every
-            # stride-th, at most _DEVICE_CANDIDATE_FITS.
-            capacity = min(n, int(2.0 * expected + 6.0 * math.sqrt(expected) + 1024))
-            every = capacity <= _DEVICE_COPY_ALL
-            copy_stride = 1 if every else _fit_stride(capacity, _DEVICE_CANDIDATE_FITS)
-            pos, mag, count = gather_abs_at_least(flat, at, capacity)
-            m, host = read_back(count, mag[::copy_stride], capacity)
-            if m > capacity:   # the plan missed by more than 2x: gather with nonzero, copy again
-                idx, mag = select_abs_at_least(flat, at, m / n)
-                stride = _fit_stride(m, _DEVICE_CANDIDATE_FITS)
-                host = _to_host(mag if stride == 1 else mag[::stride])
-                return (idx, mag, host if stride == 1 else None), host, stride
-            host = host[:-(-m // copy_stride)]
-            if every:   # the fits take every stride-th of them, as on the CPU host path
-                stride = _fit_stride(m, _DEVICE_CANDIDATE_FITS)
-                return (pos[:m], mag[:m], host), (host if stride == 1 else host[::stride]), stride
-            return (pos[:m], mag[:m], None), host, copy_stride
+                return idx, None, 1
+            mag = a.index_select(0, idx)
+            stride = _fit_stride(mag.numel(), _DEVICE_CANDIDATE_FITS)
+            if mag.numel() <= _DEVICE_COPY_ALL:   # all of them: finish then picks the kept on the host
+                host = _to_host(mag)
+                return (idx, mag, host), (host if stride == 1 else np.ascontiguousarray(host[::stride])), stride
+            host = _to_host(mag[::stride])
+            return (idx, mag, None), host, stride
 
         def finish(candidates, threshold):
             idx, mag, host = candidates
             if threshold is None:
                 return idx
             if host is not None:
-                # Every candidate's magnitude is on the host, so the kept count is known there and
-                # the device picks them with no sync (the same float comparison on both sides).
-                at = host.dtype.type(threshold)
-                kept = int(np.count_nonzero(host >= at))
-                return idx.index_select(0, static_positions(mag >= float(at), kept))
+                # Every candidate's magnitude is on the host: which are kept is decided there and
+                # only their positions go back (no compare and nonzero on the device).
+                keep = np.flatnonzero(host >= host.dtype.type(threshold)).astype(np.int32)
+                return idx.index_select(0, torch.from_numpy(keep).to(idx.device))
             keep = torch.nonzero(mag >= torch.tensor(threshold, dtype=mag.dtype)).view(-1)
             return idx.index_select(0, keep)
 
@@ -517,10 +512,9 @@ class SIDCoSelector(ThresholdSelector):
 
 
 def _to_host(t: torch.Tensor) -> np.ndarray:
-    """A device tensor's values as a float32 host array (float64 for moments): one device-to-host
-    copy, a synchronisation on an accelerator (tests count the calls)."""
-    t = t.detach()
-    return t.cpu().numpy() if t.dtype == torch.float64 else t.float().cpu().numpy()
+    """A device tensor's values (never part of a graph) as a float32 host array (float64 for
+    moments): one device-to-host copy, a synchronisation on an accelerator (tests count the calls)."""
+    return t.cpu().numpy() if t.dtype in (torch.float64, torch.float32) else t.float().cpu().numpy()
 
 
 class _NumpyMoments:
