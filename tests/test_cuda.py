@@ -204,16 +204,17 @@ def test_randomk_draw_on_cuda_is_the_cpus(numel, k):
 
 @pytest.mark.parametrize("cf", [1.5, 10, 100, 1000])
 def test_redsync_on_cuda_keeps_what_a_full_sort_decides(cf):
-    """RedSync on a GPU keeps the set its search decides from a full sort of |x| (computed here
-    on the CPU), whatever its sample: the same entries on every device."""
-    from test_host_syncs import _redsync_reference
+    """RedSync on a GPU: above CF ~13 the set its search decides from a full sort of |x|
+    (computed here on the CPU), whatever its sample, so the same entries on every device;
+    below, one threshold's set within a few % of k (tests/test_host_syncs.py)."""
+    from test_host_syncs import check_redsync_kept
     from horovod_gravac.selection.redsync import RedSyncSelector
     for numel in (300_000, 1_200_000):
         t = _laplace(numel, seed=int(cf))
         k = max(1, int(numel / cf))
         got = RedSyncSelector(cf=cf).select(t.cuda(), k)
         assert got.device.type == "cuda"
-        assert torch.equal(torch.sort(got.cpu()).values, _redsync_reference(t, k)), (numel, cf)
+        check_redsync_kept(t, k, got, (numel, cf))
 
 
 def test_adaptive_statistics_make_no_sync_on_cuda():

@@ -144,11 +144,28 @@ def _redsync_reference(t, k, tolerance=0.02, steps=40):
     return torch.nonzero(a > thr).view(-1)
 
 
+def check_redsync_kept(t, k, got, what=None):
+    """RedSync's kept set on accelerators (on the device or here): above CF ~13 exactly what a full
+    sort decides; below, the entries above one threshold, within a few % of ``k``."""
+    got = torch.sort(got.cpu()).values
+    numel = t.numel()
+    s_count = min(numel, redsync._DEVICE_COUNT_SAMPLE)
+    if s_count == numel or s_count * k / numel < redsync._SAMPLE_COUNT_HITS:
+        assert torch.equal(got, _redsync_reference(t, k)), what
+        return
+    a = t.abs()
+    kept = torch.zeros(numel, dtype=torch.bool)
+    kept[got] = True
+    want = min(k, int((a > 0).sum()))   # (zeros are never sent)
+    assert a[kept].min() > a[~kept].max() and 0.95 <= got.numel() / want <= 1.05, what
+
+
 def test_redsync_on_accelerators_launches_few_ops_and_keeps_what_a_full_sort_decides(accelerator_path):
     """On accelerators RedSync runs about a dozen tensor operations and one ``nonzero`` (plus one
-    copy of the candidates' largest magnitudes, which the dispatch counter does not see), not a
-    dozen per search step; its kept set is what the search decides from a full sort of
-    ``|x|``, whatever the sample (zeros, heavy tails, float64, CFs from 1.5 to 5000)."""
+    copy of the order statistics its search needs, which the dispatch counter does not see), not
+    a dozen per search step.  Above CF ~13 its kept set is what the search decides from a full
+    sort of ``|x|``, whatever the sample (zeros, heavy tails, float64, CFs up to 5000); below,
+    the search counts on a 131072-entry sample: a threshold set within a few % of ``k``."""
     import horovod_gravac.native as native
     from horovod_gravac.selection.redsync import RedSyncSelector
     previous = native.use("off")   # the torch ops a GPU would run (no native select pass)
@@ -162,7 +179,7 @@ def test_redsync_on_accelerators_launches_few_ops_and_keeps_what_a_full_sort_dec
                     payload, _ = comp.compress(t)
                 assert c.syncs == 1 and c.ops["aten::nonzero"] == 1, (numel, cf, dict(c.ops))
                 assert c.launches <= 14, (numel, cf, c.launches, dict(c.ops))
-                assert 0.97 <= payload.values.numel() * cf / numel <= 1.03
+                assert 0.95 <= payload.values.numel() * cf / numel <= 1.05
         g = torch.Generator().manual_seed(3)
         for numel in (20_000, 300_000):
             base = torch.distributions.Laplace(0.0, 1.0).sample((numel,))
@@ -172,8 +189,7 @@ def test_redsync_on_accelerators_launches_few_ops_and_keeps_what_a_full_sort_dec
                     k = max(1, int(numel / cf))
                     sel = RedSyncSelector(cf=cf)
                     sel.set_step(7, 1)
-                    got = torch.sort(sel.select(t, k)).values
-                    assert torch.equal(got, _redsync_reference(t, k)), (numel, case, cf)
+                    check_redsync_kept(t, k, sel.select(t, k), (numel, case, cf))
     finally:
         native.use(previous)
 

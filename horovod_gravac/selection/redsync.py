@@ -84,6 +84,12 @@ _SAMPLE_COUNT_HITS = 10_000
 # larger kernels, and 16384 already hold 167 entries above the floor's rank at CF 100 (4 sigma:
 # ~1.3x the entries the search needs become candidates; ~1.1x at CF 10, ~2x at CF 1000).
 _DEVICE_SAMPLE = 1 << 14
+# Accelerators, low CFs: the sample whose counts the search runs on (as exact Top-k's device sample).
+_DEVICE_COUNT_SAMPLE = 1 << 17
+# Accelerators: up to this many of the candidates' largest magnitudes are copied in one slice;
+# beyond, only the maximum and the ranks the search and the count need (a 25M-entry tensor at CF
+# 100 would otherwise copy 1 MB).
+_DEVICE_PREFIX = 1 << 15
 
 
 def redsync_search(values: torch.Tensor, k: int, lo: torch.Tensor, hi: torch.Tensor,
@@ -286,38 +292,46 @@ class RedSyncSelector(ThresholdSelector):
         return cand_idx.index_select(0, keep)
 
     def _select_on_device(self, flat: torch.Tensor, k: int) -> torch.Tensor:
-        """The accelerators' selection: 15 tensor operations and two host synchronisations.
+        """The accelerators' selection: about 15 tensor operations and two host synchronisations.
 
-        On a GPU at bucket sizes a call's time is set by how many operations it launches
-        (each costs the host 10-25 us, the kernels behind them a few) and how often it waits,
-        not by arithmetic (``benchmarks/device_primitives.py``).  So:
+        On a GPU at bucket sizes a call's time follows how many operations it launches (each
+        costs the host 10-25 us, the kernels behind them a few) and how often it waits, not its
+        arithmetic (``benchmarks/device_primitives.py``).  So the search runs on the host, from
+        one copy of the few order statistics that decide every one of its steps (:func:`_fetch`),
+        on ``[T_many, max]``: ``T_many`` is the ``r_many``-th largest magnitude, ``r_many =
+        floor(k (1 + tolerance)) + 1``, and every midpoint below it would keep too many and only
+        move the lower end up, so starting there skips exactly the steps that cannot end the
+        search (RedSync starts at the mean: the midpoints differ, the rule does not).
 
-        1. a uniform sample of ``_DEVICE_SAMPLE`` magnitudes (one ``randint``, one gather) places
-           a floor 4 standard deviations of the sampled count below the ``r_many``-th largest
-           magnitude (``r_many = floor(k (1 + tolerance)) + 1``);
-        2. the candidates ``|x| >= floor`` (a ``nonzero``: sync 1) are sorted once, largest
-           first, and their first ``r_many`` magnitudes copied to the host (sync 2);
-        3. the search runs there on ``[T_many, max]``, ``T_many`` the ``r_many``-th largest
-           magnitude: every midpoint below it would keep too many and only move the lower end
-           up, so starting there skips exactly the steps that cannot end the search (RedSync
-           starts at the mean; the midpoints differ, the rule does not).  The order statistics
-           of ranks ``ceil(few)`` and ``r_many`` decide every step (:func:`_fetch`), and since
-           the threshold never goes below ``T_many`` the copied magnitudes also give the kept
-           count exactly;
-        4. the kept entries are the first that many of the sorted order (no compare, no
-           ``nonzero``), largest first.
-
-        The kept set depends on the tensor alone (not on the sample) whenever the floor holds at
-        least ``r_many`` candidates; when it does not (probability ~3e-5), every candidate is
-        kept, as when they are within tolerance."""
+        * Low CFs (a 131072-entry sample expects at least ``_SAMPLE_COUNT_HITS`` entries above
+          the threshold: CF up to about 13): the search counts on that uniform sample (each
+          count within ~1 %, against a 2 % tolerance), as the CPU's torch path does, and one
+          ``nonzero`` selects.  Sorting the ~k candidates instead cost more than the whole of
+          exact Top-k at 1M entries and up on an H100.
+        * Otherwise a 16384-entry uniform sample places a floor 4 standard deviations of the
+          sampled count below ``T_many``; the candidates ``|x| >= floor`` (a ``nonzero``) are
+          sorted once, largest first, and the magnitudes of ranks ``ceil(few)`` to ``r_many``
+          copied to the host with the maximum.  The threshold never goes below ``T_many``, so
+          they also give the kept count exactly, and the kept entries are the first that many of
+          the sorted order (no compare, no second ``nonzero``).  The kept set then depends on
+          the tensor alone, not on the sample, whenever the floor holds ``r_many`` candidates;
+          when it does not (probability ~3e-5) every candidate is kept, as when they are within
+          tolerance."""
         n = flat.numel()
         few, many = k * (1.0 - self.tolerance), k * (1.0 + self.tolerance)
-        r_few, r_many = max(math.ceil(few), 1), math.floor(many) + 1   # 1-based ranks, largest first
         a = _work_dtype(flat).abs()
+        gen = self._generators(flat.device)
+        s = min(n, _DEVICE_COUNT_SAMPLE)
+        if s < n and s * k / n >= _SAMPLE_COUNT_HITS:   # low CF: search on the sample's counts
+            sample = a.index_select(0, torch.randint(n, (s,), generator=gen, device=gen.device))
+            r_few, r_many = max(math.ceil(few * s / n), 1), math.floor(many * s / n) + 1
+            top = torch.sort(sample).values[s - r_many:].cpu().numpy()[::-1]         # sync 1
+            thr = self._search(top, r_few, a.dtype)
+            return torch.nonzero(a > max(thr, float(TINY))).view(-1)              # sync 2
+        r_few, r_many = max(math.ceil(few), 1), math.floor(many) + 1   # 1-based ranks, largest first
         floor = TINY   # zeros are never kept
         s = min(n, _DEVICE_SAMPLE)
         if s < n and r_many < n:
-            gen = self._generators(flat.device)
             sample = a.index_select(0, torch.randint(n, (s,), generator=gen, device=gen.device))
             rank = margin_rank(s, s * r_many / n, _BRACKET_SIGMAS)
             floor = torch.sort(sample).values[s - rank].clamp(min=TINY)
@@ -326,12 +340,28 @@ class RedSyncSelector(ThresholdSelector):
             self.last_steps = 0
             return cand_idx
         ordered, order = torch.sort(a.index_select(0, cand_idx), descending=True)
-        top = ordered[:r_many].cpu().numpy()                                         # sync 2
+        if r_many <= _DEVICE_PREFIX:   # ranks 1..r_many in one slice
+            top = ordered[:r_many].cpu().numpy()                                     # sync 2
+        else:                          # the maximum and ranks r_few..r_many only (a smaller copy)
+            head = torch.cat([ordered[:1], ordered[r_few - 1:r_many]]).cpu().numpy()
+            top = np.concatenate([head[:1], np.full(r_few - 2, np.inf, head.dtype), head[1:]]) \
+                if r_few > 1 else head[1:]
+        thr = self._search(top, r_few, a.dtype)
+        # thr >= T_many, so ranks after r_many are never kept; before r_few always, unless thr
+        # reached the magnitude of rank r_few (ties at T_many): then count those exactly.
+        if thr < top[r_few - 1] or r_few == 1:
+            kept = r_few - 1 + int(np.count_nonzero(top[r_few - 1:] > top.dtype.type(thr)))
+        else:
+            kept = int((ordered[:r_many] > thr).sum())                                # (ties) sync 3
+        return cand_idx.index_select(0, order[:kept])
+
+    def _search(self, top: np.ndarray, r_few: int, dtype: torch.dtype) -> float:
+        """The search's threshold from ``top``, the largest magnitudes of ranks 1..r_many
+        (descending; only rank 1 and ranks r_few..r_many are read)."""
         above_many, above_few = float(top[-1]), float(top[r_few - 1])
         thr, _, self.last_steps = _bisect_counting_steps(above_many, float(top[0]), above_many, above_few,
-                                                         self.max_steps, a.dtype)
-        kept = int(np.count_nonzero(top > top.dtype.type(thr)))   # exact: thr >= T_many
-        return cand_idx.index_select(0, order[:kept])
+                                                         self.max_steps, dtype)
+        return thr
 
     def _steps(self, spread: float, hits: float) -> int:
         width = 2.0 * spread / max(hits, 1.0)      # relative bracket width in counts

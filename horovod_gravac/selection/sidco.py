@@ -117,10 +117,6 @@ _SAMPLE_DEEP_MIN = 100
 # bucket sizes, benchmarks/sidco_device_sample.py; the CPU's fits are native passes).
 _CANDIDATE_FITS = 1 << 16
 _DEVICE_CANDIDATE_FITS = 1 << 15
-# Accelerators copy every candidate's magnitude to the host up to this many (1 MiB of float32;
-# a 6.5M-entry bucket's at CF 100): the kept ones are then picked on the host and their positions
-# uploaded, instead of a compare and a nonzero on the device (two launches and a sync fewer).
-_DEVICE_COPY_ALL = 1 << 18
 
 
 class SIDCoSelector(ThresholdSelector):
@@ -239,11 +235,8 @@ class SIDCoSelector(ThresholdSelector):
                 return idx, None, 1
             mag = a.index_select(0, idx)
             stride = _fit_stride(mag.numel(), _DEVICE_CANDIDATE_FITS)
-            if mag.numel() <= _DEVICE_COPY_ALL:   # all of them: finish then picks the kept on the host
-                host = _to_host(mag)
-                return (idx, mag, host), (host if stride == 1 else np.ascontiguousarray(host[::stride])), stride
-            host = _to_host(mag[::stride])
-            return (idx, mag, None), host, stride
+            host = _to_host(mag if stride == 1 else mag[::stride])
+            return (idx, mag, host if stride == 1 else None), host, stride
 
         def finish(candidates, threshold):
             idx, mag, host = candidates
