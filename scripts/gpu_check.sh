@@ -24,6 +24,8 @@
 #      and the launch cuts against what they replaced (benchmarks/launch_cuts.py)      -> launch_cuts_cuda.txt
 #      and Random-k's draw on the device against the host draw it replaced (benchmarks/randomk_draw.py)
 #                                                                           -> randomk_draw_cuda.txt
+#      and each primitive's cost with a per-operation trace of RedSync, SIDCo and exact Top-k
+#      (benchmarks/device_primitives.py)                                   -> device_primitives_cuda.txt
 #   5. the training harness on the GPU: ResNet101/CIFAR-10, VGG16/CIFAR-100 and LSTM/PTB at full
 #      size, 40 steps each on random data in the real formats (scripts/make_synthetic_datasets.py),
 #      GraVAC (both policies) and Accordion                              -> harness_*.txt, harness/
@@ -152,6 +154,12 @@ else
   # Random-k's counter-based draw on the device against PCG64 on the host plus the upload.
   step "Random-k's draw: python -m benchmarks.randomk_draw --device cuda" \
     "$RESULTS/randomk_draw_cuda.txt" "$PYTHON" -m benchmarks.randomk_draw --device cuda
+  # A call's time on a GPU follows its operation count: what each primitive costs, and one
+  # call of each threshold selector traced operation by operation.
+  step "device primitives: python -m benchmarks.device_primitives --device cuda" \
+    "$RESULTS/device_primitives_cuda.txt" "$PYTHON" -m benchmarks.device_primitives --device cuda \
+    --trace topk:100:1048576 --trace redsync:10:6553600 --trace redsync:100:1048576 \
+    --trace sidco-exp:100:1048576 --trace sidco-exp:1000:6553600
 fi
 
 # 5. the training harness on the GPU --------------------------------------------------------------

@@ -444,28 +444,6 @@ def test_redsync_search_launches_far_fewer_operations_than_its_steps(monkeypatch
     assert counts[7] <= 0.5 * 14 * 7 and counts[10] <= 0.5 * 14 * 10, counts
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_redsyncs_bracketed_search_is_the_same_on_the_host_as_on_the_device(seed, monkeypatch):
-    """The accelerators' branch (bracket settled and steps run on the host from one copy) gives
-    the CPU branch's threshold bit for bit, including a sampled upper end that keeps too many,
-    a bracket above every value, and targets above the candidate count."""
-    import horovod_gravac.selection.redsync as R
-    g = _gen(100 + seed)
-    m = int(torch.randint(20, 5000, (1,), generator=g))
-    cand = torch.distributions.Laplace(0.0, 1.0).sample((m,)).abs() + 0.5
-    if seed % 2:
-        cand = torch.round(cand * 4) / 4   # ties
-    cases = [(max(1, m // 10), 0.02), (m // 2, 0.0), (m + 5, 0.02), (max(1, m // 50), 0.5)]
-    for k, tolerance in cases:
-        floor = torch.tensor(0.5)
-        for ceil in (torch.quantile(cand, 0.3), torch.quantile(cand, 0.95), cand.max() * 2):
-            got = {}
-            for resolved in (False, True):
-                monkeypatch.setattr(R, "_resolves", lambda values, r=resolved: r)
-                got[resolved] = R._bracketed_search(cand, k, floor, ceil.to(cand.dtype), 12, tolerance)
-            assert torch.equal(got[True], got[False]), (k, tolerance, float(ceil), got)
-
-
 @pytest.mark.parametrize("resolved", [True, False], ids=["host", "steps"])
 def test_redsync_search_of_no_values_lowers_the_threshold_at_every_step(resolved, monkeypatch):
     """An empty candidate set counts 0 everywhere: too few at every step (both branches alike)."""

@@ -36,18 +36,27 @@ follows.
 
 On the CPU's torch path the steps are a fixed number of tensor operations with no host
 synchronisation (the "done" state is carried in the bounds: once within tolerance
-``lo = hi = mid``).  On accelerators, where kernel launches and not arithmetic set the time, the
-candidates are sorted once and the steps run on the host (:func:`redsync_search`): two order
-statistics of the sorted values decide every step's count exactly, so one copy of five scalars
-(the bracket, the maximum and those two) replaces about 14 launches per step, and the bounds are
-the same bit for bit.  On an H100 RedSync went from 2.4-3.3x to 1.2-1.75x exact Top-k's time at
-bucket sizes, and to 0.74-0.96x at 25M (``benchmarks/results/gpu_h100/``).  (An earlier
-version resolved the steps on the device, counting every midpoint they could visit with one
-``searchsorted``: 38 operations for 7 steps, no copy, and still 2.1-3.2x Top-k.)
+``lo = hi = mid``).
+
+Accelerators (:meth:`RedSyncSelector._select_on_device`) take a path of their own, built from
+the fewest operations: on an H100 a call's time at bucket sizes followed its operation count
+(10-25 us of the host's time each), not its arithmetic or its copies
+(``benchmarks/device_primitives.py``, ``benchmarks/results/gpu_h100/call19_9de7cdb/``).  The
+search runs on the host from one copy of the order statistics that decide its steps, on
+``[T_many, max]`` (``T_many`` the magnitude of rank ``floor(k (1 + tolerance)) + 1``: every
+midpoint below it would only raise the lower end), over the candidates of a 16384-entry
+uniform sample's floor, sorted once; the kept entries are the first of that order, so their
+set is what a full sort would decide.  At low CFs (up to ~13) it counts on a 131072-entry
+sample instead, and one ``nonzero`` selects.  About 15 operations a call (34 before), two host
+synchronisations.  Measured on an H100 (``call20_1ded337/``, before the low-CF change): 0.84-1.15x
+exact Top-k's time at CF 100 and 1000 from 1M to 6.5M entries, against 1.27-1.63x before.
+(Earlier versions: the steps resolved on the device with one ``searchsorted`` over every
+midpoint they could visit, 2.1-3.2x Top-k; the candidates gathered into fixed buffers with
+``nonzero_static`` and everything read back in one copy, one sync but more operations, 1.3-1.85x.)
 
 Host synchronisations per ``select``: on the CPU's torch path two (the candidate ``nonzero``
-and the final ``nonzero`` over the candidates), one at low CFs; on accelerators one more, the
-copy of the search's scalars.
+and the final ``nonzero`` over the candidates), one at low CFs; on accelerators two (a
+``nonzero`` and one copy to the host).
 
 CPU host path (float32 with the native kernels): the same steps with host scalars.  The
 sample is the size Top-k's CPU path uses, ``(k n)^(1/3)`` clamped to 2048-65536 (a
@@ -207,18 +216,8 @@ def _bracketed_search(cand: torch.Tensor, k: int, floor: torch.Tensor, ceil: tor
                       tolerance: float) -> torch.Tensor:
     """The threshold of RedSync's search over the candidates (every entry ``>= floor``):
     on ``[floor, min(max, ceil)]``, or up to ``max`` when the sampled ``ceil`` still keeps too
-    many.  On accelerators the bracket is settled on the host together with the steps, from
-    the same one copy as :func:`redsync_search`'s (five scalars instead of four)."""
-    few, many = k * (1.0 - tolerance), k * (1.0 + tolerance)
-    if _resolves(cand):
-        ordered = torch.sort(cand).values   # (no NaN among them: |NaN| >= floor is false)
-        floor, ceil, vmax, above_many, above_few = _fetch(ordered, few, many, floor, ceil, ordered[-1])
-        hi = min(vmax, ceil)
-        if hi < above_many:   # #(cand > hi) > many: the sampled upper end keeps too many
-            hi = vmax
-        lo = min(floor, hi)
-        thr, _ = _bisect_on_host(lo, hi, above_many, above_few, steps, cand.dtype)
-        return torch.tensor(thr, dtype=cand.dtype)
+    many.  (The CPU's torch path; accelerators search in ``_select_on_device``.)"""
+    many = k * (1.0 + tolerance)
     vmax = cand.max()
     lo = floor.to(cand.dtype)
     hi = torch.minimum(vmax, ceil.to(cand.dtype))
@@ -241,8 +240,8 @@ class RedSyncSelector(ThresholdSelector):
         max_steps: upper bound on binary-search steps.
         seed: seed of the private per-device generators (see ``set_step``).
 
-    Host synchronisations per ``select``: two (one at low CFs), and on accelerators the search's
-    copy of five scalars.  Cost: a sample gather,
+    Host synchronisations per ``select``: two (one at low CFs on the CPU's torch path).  Cost: a
+    sample gather,
     one selection pass, then ``steps`` counts over about ``k`` candidates,
     ``steps ~ log2(bracket width / tolerance) + 2``.
     """

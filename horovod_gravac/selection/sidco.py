@@ -55,15 +55,16 @@ those stages on its sample instead of passes, and gathers deeper: see ``_select_
 Where the fits run (tensors that do not take the CPU host path: a GPU's, or the CPU's
 without the native kernels), ``device_fits``:
 
-* ``"host"`` (default): the stage-1 sample (8192 entries, as on the CPU host path), and
-  with a candidate phase the candidates' magnitudes (every ``stride``-th beyond 32768 of them,
-  ``_fit_stride``), are copied to the host once each, and every fit, count and refinement
+* ``"host"`` (default): the stage-1 sample (8192 entries at uniform positions, one ``randint``),
+  and with a candidate phase the candidates' magnitudes (every ``stride``-th beyond 32768 of
+  them, ``_fit_stride``), are copied to the host once each, and every fit, count and refinement
   round runs there on Python scalars, exactly as the CPU host path's (``_staged_on_host`` is
-  shared); the device runs the sample, the candidate gather and the final selection, about
-  15-20 tensor operations a call.  When every candidate's magnitude is on the host the kept
-  ones are picked there and only their positions go back.  Host synchronisations: one or two
-  copies to the host, one ``nonzero``, and the final ``nonzero`` or the upload of the kept
-  positions: at most four.
+  shared); the device runs ``|x|`` once, the sample, the candidate gather and the final
+  selection: 7 tensor operations a call at CF 10, 11-15 with a candidate phase (27 before; on a
+  GPU a call's time at bucket sizes follows that count, ``benchmarks/device_primitives.py``).
+  When every candidate's magnitude is on the host the kept ones are picked there and only their
+  positions go back.  Host synchronisations: one or two copies to the host, one ``nonzero``, and
+  the final ``nonzero`` or the upload of the kept positions: at most four.
 * ``"device"``: every stage and refinement round is a fixed sequence of tensor operations
   over the candidates, masked by the stage's base, so thresholds and counts stay on the
   device: at most two host synchronisations (the candidate gather and the final
@@ -210,7 +211,11 @@ class SIDCoSelector(ThresholdSelector):
         sample, every candidate copied and fitted on, and the kept set picked on the device;
         with the smaller sample, at most 65536 candidates fitted on and the kept ones picked on
         the host when they are all there, 1.3-1.65x at bucket sizes and 0.97-1.06x at 25M;
-        with an 8192-entry sample and at most 32768 candidates, see ``_HOST_SAMPLE``."""
+        with an 8192-entry sample and at most 32768 candidates, see ``_HOST_SAMPLE``; with
+        ``|x|`` taken once and a uniform sample (27 operations down to 15), 0.92-1.54x at CF 100
+        and 0.90-1.39x at CF 1000 from 1M to 6.5M entries against 1.17-1.64x in the same
+        session (``benchmarks/results/gpu_h100/call20_1ded337/``, which also copied up to 2^18
+        candidates: that cost more than it saved at 4-6.5M entries and was taken back)."""
         n = flat.numel()
         squares = self.distribution != "exponential"
         # |x| once, for the sample and every gather: on a GPU a call's time is mostly the host's
