@@ -185,7 +185,7 @@ def test_redsync_on_accelerators_launches_few_ops_and_keeps_what_a_full_sort_dec
             base = torch.distributions.Laplace(0.0, 1.0).sample((numel,))
             for case, t in (("laplace", base), ("cubed", base ** 3), ("float64", base.double()),
                             ("zeros", base * (torch.rand(numel, generator=g) < 0.3))):
-                for cf in (1.5, 10, 100, 1000, 5000):
+                for cf in (1.01, 1.5, 10, 100, 1000, 5000):   # (1.01: k(1 + tolerance) > numel)
                     k = max(1, int(numel / cf))
                     sel = RedSyncSelector(cf=cf)
                     sel.set_step(7, 1)

@@ -323,7 +323,8 @@ class RedSyncSelector(ThresholdSelector):
         s = min(n, _DEVICE_COUNT_SAMPLE)
         if s < n and s * k / n >= _SAMPLE_COUNT_HITS:   # low CF: search on the sample's counts
             sample = a.index_select(0, torch.randint(n, (s,), generator=gen, device=gen.device))
-            r_few, r_many = max(math.ceil(few * s / n), 1), math.floor(many * s / n) + 1
+            r_many = min(math.floor(many * s / n) + 1, s)   # (s: a CF within tolerance of 1)
+            r_few = min(max(math.ceil(few * s / n), 1), r_many)
             top = torch.sort(sample).values[s - r_many:].cpu().numpy()[::-1]         # sync 1
             thr = self._search(top, r_few, a.dtype)
             return torch.nonzero(a > max(thr, float(TINY))).view(-1)              # sync 2
