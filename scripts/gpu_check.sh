@@ -159,7 +159,7 @@ else
   step "device primitives: python -m benchmarks.device_primitives --device cuda" \
     "$RESULTS/device_primitives_cuda.txt" "$PYTHON" -m benchmarks.device_primitives --device cuda \
     --trace topk:100:1048576 --trace redsync:10:6553600 --trace redsync:100:1048576 \
-    --trace sidco-exp:100:1048576 --trace sidco-exp:1000:6553600
+    --trace sidco-exp:100:1048576 --trace sidco-exp:1000:6553600 --trace dgc:10:6553600:4
 fi
 
 # 5. the training harness on the GPU --------------------------------------------------------------

@@ -19,6 +19,12 @@ def test_device_primitives_prints_each_primitive_and_a_per_operation_trace(capsy
     assert "by operation:" in trace
 
 
+def test_device_primitives_traces_compress_further_when_given_a_factor(capsys):
+    assert device_primitives.main(["--sizes", "", "--repeats", "2", "--trace", "dgc:10:65536:4"]) == 0
+    out = capsys.readouterr().out
+    assert "## dgc CF 10, 65,536 entries on cpu, compress_further x4 of its payload: one call" in out
+
+
 def test_sweep_compare_reads_the_committed_h100_sweeps(capsys):
     new = ",".join(os.path.join(CALL20, f"sweep_new_{i}.csv") for i in (1, 2))
     old = ",".join(os.path.join(CALL20, f"sweep_old_{i}.csv") for i in (1, 2))
