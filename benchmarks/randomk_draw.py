@@ -32,9 +32,9 @@ def resnet101_buckets() -> list:
     """The sizes of ResNet101's (CIFAR-10) buckets in the optimizer at the default
     ``bucket_cap_mb=25``: what one step draws from."""
     from horovod_gravac.harness.models import build_model
-    from horovod_gravac.optimizer import _make_buckets
+    from horovod_gravac.buckets import make_buckets
     model = build_model("resnet101", num_classes=10)
-    return [b.numel for b in _make_buckets(list(model.named_parameters()), 25 * 2 ** 20)]
+    return [b.numel for b in make_buckets(list(model.named_parameters()), 25 * 2 ** 20)]
 
 
 def pcg64_draw(numel: int, k: int, rng: np.random.Generator) -> torch.Tensor:

@@ -63,6 +63,7 @@ import horovod.torch as hvd
 
 from . import checkpoint, comm
 from .accounting import StepRecord
+from .buckets import Bucket, grouped_buckets, make_buckets
 from .compressors.base import FLOAT_DTYPES, GradientCompressor, check_cf
 from .compressors.topk import TopKCompressor
 from .consensus import make_exchange, observe_step, sync_first_step
@@ -79,99 +80,6 @@ from .transfers import Link, Transfer, WarmStarts
 # classes claim that module so Horovod treats them exactly like its own.
 _HOROVOD_OPTIMIZER_MODULE = hvd.DistributedOptimizer.__module__
 NONFINITE_POLICIES = ("propagate", "zero")
-
-
-class _Bucket:
-    """Parameters whose gradients are flattened, compressed and sent together."""
-
-    def __init__(self, index: int, named: List[Tuple[str, torch.nn.Parameter]]):
-        self.index = index
-        self._set_params(named)
-        self.reset()
-
-    def _set_params(self, named):
-        self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
-        self.offsets, start = [], 0
-        for p in self.params:
-            self.offsets.append((start, start + p.numel()))
-            start += p.numel()
-        self.numel = start
-        self.device = self.params[0].device if self.params else torch.device("cpu")
-        self.expected = len(self.params)   # hooks that must fire before it launches
-
-    def remove(self, p) -> Tuple[int, int]:
-        """Take ``p`` out (its gradient turned out sparse); returns its old slice."""
-        i = next(i for i, q in enumerate(self.params) if q is p)
-        old = self.offsets[i]
-        named = [(n, q) for n, q in zip(self.names, self.params) if q is not p]
-        self._set_params(named)
-        return old
-
-    def reset(self):
-        self.ready = 0
-        self.transfer: Optional[Transfer] = None   # this step's collective(s); None: not launched
-        self.update_residual = False    # the residual was formed this step
-        self.parked: List[Tuple[int, int, torch.Tensor]] = []   # frozen params' residual slices
-
-    def hooks_to_wait_for(self, hooked: set) -> int:
-        """Hooks that fire for the bucket this step: its parameters that need a gradient
-        and have a hook (a parameter unfrozen since the last step has none yet)."""
-        return sum(1 for p in self.params if p.requires_grad and id(p) in hooked)
-
-    def write_grads(self, aggregated: torch.Tensor) -> None:
-        """The combined gradient (flat float32) into each parameter's ``grad``."""
-        for p, (s, e) in zip(self.params, self.offsets):
-            if not p.requires_grad:
-                continue   # frozen: its gradient (None, or the user's) is left alone
-            if p.grad.is_sparse:   # sparse_as_dense: back to sparse, as Horovod does
-                p.grad.zero_().add_(aggregated[s:e].view(p.shape).to(p.grad.dtype).to_sparse())
-            else:
-                p.grad.copy_(aggregated[s:e].view_as(p.grad))
-
-    @property
-    def handle(self):
-        """The collective in flight (None: none, or held back until the step's statistics are complete)."""
-        return None if self.transfer is None else self.transfer.handle
-
-
-def _make_buckets(named: List[Tuple[str, torch.nn.Parameter]], cap_bytes: int,
-                  first_index: int = 0) -> List[_Bucket]:
-    # Reverse registration order approximates the order gradients become ready.
-    buckets, current, size = [], [], 0
-    for name, p in reversed(named):
-        if current and (size + p.numel() * 4 > cap_bytes or p.device != current[0][1].device):
-            buckets.append(_Bucket(first_index + len(buckets), current))
-            current, size = [], 0
-        current.append((name, p))
-        size += p.numel() * 4
-    if current:
-        buckets.append(_Bucket(first_index + len(buckets), current))
-    return buckets
-
-
-def _grouped_buckets(named, groups, cap_bytes) -> List[_Bucket]:
-    """Horovod's ``groups``: an int splits the parameters into that many buckets of
-    consecutive parameters; a list of lists makes each inner list one bucket (the
-    parameters in no list are bucketed by ``bucket_cap_mb``)."""
-    if isinstance(groups, int):
-        n = min(groups, len(named))
-        base, extra = divmod(len(named), n) if n else (0, 0)
-        chunks, pos = [], 0
-        for i in range(n):
-            size = base + (1 if i < extra else 0)
-            chunks.append(named[pos:pos + size])
-            pos += size
-        return [_Bucket(i, list(reversed(c))) for i, c in enumerate(reversed(chunks)) if c]
-    position = {id(p): i for i, (_, p) in enumerate(named)}
-    buckets, grouped = [], set()
-    for group in reversed(groups):
-        members = [named[position[id(p)]] for p in group if id(p) in position]
-        grouped.update(id(p) for p in group)
-        if members:
-            buckets.append(_Bucket(len(buckets), members))
-    rest = [(n, p) for n, p in named if id(p) not in grouped]
-    return buckets + _make_buckets(rest, cap_bytes, first_index=len(buckets))
 
 
 class _ElasticSupport:
@@ -254,8 +162,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         named_all = _named_list(named_parameters)
         self._names = {id(p): n for n, p in named_all}
         floats = _floats(_named_parameters(self.param_groups, named_all if named_parameters is not None else None))
-        self._buckets = _make_buckets(floats, self._bucket_cap_bytes) if opts["groups"] is None \
-            else _grouped_buckets(floats, opts["groups"], self._bucket_cap_bytes)
+        self._buckets = make_buckets(floats, self._bucket_cap_bytes) if opts["groups"] is None \
+            else grouped_buckets(floats, opts["groups"], self._bucket_cap_bytes)
         # The bucket whose collective also carries the step's statistics (adaptive controllers).
         self._carrier = self._buckets[-1] if self._buckets else None
         self._prefix = _collective_prefix()
@@ -314,7 +222,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         floats = _floats([(self._names.get(id(p), f"param.{index}.{j}"), p)
                           for j, p in enumerate(self.param_groups[-1]["params"])])
         first = 1 + max((b.index for b in self._buckets), default=-1)
-        new = _make_buckets(floats, self._bucket_cap_bytes, first_index=first)
+        new = make_buckets(floats, self._bucket_cap_bytes, first_index=first)
         self._buckets = new + self._buckets   # launched early; the carrier stays last
         for b in new:
             for p in b.params:
@@ -380,7 +288,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         return name
 
     # -- launching a bucket ----------------------------------------------------------------
-    def _launch(self, bucket: _Bucket) -> None:
+    def _launch(self, bucket: Bucket) -> None:
         """Encode the bucket's gradient (``encoder.py``) and start its collective, unless
         it carries the step's statistics: those are complete only once every bucket is
         encoded, so the last bucket to launch starts the carrier's."""

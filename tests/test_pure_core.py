@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SELECTION = sorted("horovod_gravac.selection" + ("" if p.stem == "__init__" else "." + p.stem)
                    for p in (ROOT / "horovod_gravac" / "selection").glob("*.py"))
 PURE = ["horovod_gravac", "horovod_gravac.controllers", "horovod_gravac.gain", "horovod_gravac.throughput",
-        "horovod_gravac.policy", "horovod_gravac.wire"] + SELECTION
+        "horovod_gravac.policy", "horovod_gravac.wire", "horovod_gravac.buckets"] + SELECTION
 
 # Imports each module named in argv in a fresh process of its own (forked from one that has
 # loaded only torch and NumPy, so that the ~20 imports cost one interpreter start) and
