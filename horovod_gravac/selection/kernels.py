@@ -87,11 +87,33 @@ def _prefilter_width(density: float) -> int:
     return 0
 
 
-def select_abs_at_least(flat: torch.Tensor, threshold: torch.Tensor, density: float = 1.0,
-                        magnitudes: bool = True) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+def abs_for_reuse(flat: torch.Tensor) -> Optional[torch.Tensor]:
+    """``|flat|`` (in its work dtype) for a caller that samples and selects from it more than
+    once, or None where :func:`select_abs_at_least` works chunk by chunk (the CPU's torch path,
+    where materialising ``|x|`` costs most of a pass in page faults).  On a GPU a call's time
+    follows its operation count, so taking ``|x|`` once saves launches."""
+    return None if _chunked(flat) else _work_dtype(flat).abs()
+
+
+_ROUNDING = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _compared(threshold, dtype: torch.dtype):
+    """The threshold as ``|x| >= threshold`` compares it: a 0-dim tensor in ``dtype``, or a number
+    rounded to ``dtype`` (a Python number costs no tensor operation)."""
+    if isinstance(threshold, torch.Tensor):
+        return threshold.to(dtype)
+    return float(_ROUNDING[dtype](threshold))
+
+
+def select_abs_at_least(flat: torch.Tensor, threshold, density: float = 1.0, magnitudes: bool = True,
+                        abs_flat: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Flat int64 indices and magnitudes of the entries with ``|x| >= threshold``.
 
+    ``threshold``: a 0-dim tensor or a number, compared in ``flat``'s work dtype either way.
     ``magnitudes=False`` returns ``(indices, None)``, saving a gather and a copy.
+    ``abs_flat``: ``|flat|`` from :func:`abs_for_reuse`, when the caller has it already (the
+    chunked CPU path does not use it).
 
     ``density`` (expected fraction kept; a hint, any value gives the same result) lets the
     CPU path skip most of each chunk: the chunk is viewed as ``rows x cols``, the column
@@ -105,11 +127,12 @@ def select_abs_at_least(flat: torch.Tensor, threshold: torch.Tensor, density: fl
     flat = _work_dtype(flat)
     if flat.device.type == "cpu" and native.usable(flat.numpy()):
         return _select_native(flat.numpy(), float(threshold), density, magnitudes)
-    t = threshold.to(flat.dtype)
+    t = _compared(threshold, flat.dtype)
     if not _chunked(flat):
-        a = flat.abs()
+        a = flat.abs() if abs_flat is None else abs_flat
         idx = torch.nonzero(a >= t).view(-1)
         return idx, (a.index_select(0, idx) if magnitudes else None)
+    t = torch.as_tensor(t, dtype=flat.dtype)
     rows = _prefilter_width(density)
     cols = CHUNK // rows if rows else 0
     buf = torch.empty(CHUNK, dtype=flat.dtype)

@@ -79,9 +79,9 @@ import torch
 
 from .. import native
 from .base import check_count, check_fraction
-from .kernels import TINY, _work_dtype, select_abs_at_least
+from .kernels import _ROUNDING, TINY, _work_dtype, select_abs_at_least
 from .sampling import (host_abs_sample, host_rank_value, host_sample_size, margin_rank, sample_quantile,
-                       sample_quantiles, sample_size, stratified_abs_sample)
+                       sample_quantiles, sample_size, stratified_abs_sample, uniform_abs_sample)
 from .threshold import ThresholdSelector
 from .topk import sample_size as topk_sample_size
 
@@ -205,9 +205,6 @@ def _bisect_counting_steps(lo: float, hi: float, above_many: float, above_few: f
     return float(lo), float(hi), taken
 
 
-_ROUNDING = {torch.float32: np.float32, torch.float64: np.float64}
-
-
 def _as_scalars(bounds: Tuple[float, float], dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     return tuple(torch.tensor(b, dtype=dtype) for b in bounds)
 
@@ -322,7 +319,7 @@ class RedSyncSelector(ThresholdSelector):
         gen = self._generators(flat.device)
         s = min(n, _DEVICE_COUNT_SAMPLE)
         if s < n and s * k / n >= _SAMPLE_COUNT_HITS:   # low CF: search on the sample's counts
-            sample = a.index_select(0, torch.randint(n, (s,), generator=gen, device=gen.device))
+            sample = uniform_abs_sample(flat, s, gen, a)
             r_many = min(math.floor(many * s / n) + 1, s)   # (s: a CF within tolerance of 1)
             r_few = min(max(math.ceil(few * s / n), 1), r_many)
             top = torch.sort(sample).values[s - r_many:].cpu().numpy()[::-1]         # sync 1
@@ -332,14 +329,13 @@ class RedSyncSelector(ThresholdSelector):
         floor = TINY   # zeros are never kept
         s = min(n, _DEVICE_SAMPLE)
         if s < n and r_many < n:
-            sample = a.index_select(0, torch.randint(n, (s,), generator=gen, device=gen.device))
             rank = margin_rank(s, s * r_many / n, _BRACKET_SIGMAS)
-            floor = torch.sort(sample).values[s - rank].clamp(min=TINY)
-        cand_idx = torch.nonzero(a >= floor).view(-1)                                # sync 1
+            floor = torch.sort(uniform_abs_sample(flat, s, gen, a)).values[s - rank].clamp(min=TINY)
+        cand_idx, cand = select_abs_at_least(flat, floor, abs_flat=a)                  # sync 1
         if cand_idx.numel() <= many:   # within tolerance, or (rarely) the floor overshot
             self.last_steps = 0
             return cand_idx
-        ordered, order = torch.sort(a.index_select(0, cand_idx), descending=True)
+        ordered, order = torch.sort(cand, descending=True)
         if r_many <= _DEVICE_PREFIX:   # ranks 1..r_many in one slice
             top = ordered[:r_many].cpu().numpy()                                     # sync 2
         else:                          # the maximum and ranks r_few..r_many only (a smaller copy)

@@ -14,6 +14,8 @@ a fixed-stride sample could.
   takes five operations more (``benchmarks/device_primitives.py``); for a threshold's
   estimate independent uniform draws do as well, and random positions cannot alias with a
   periodic layout either;
+* :func:`uniform_abs_sample`: the accelerators' sample (exact Top-k's, RedSync's, SIDCo's host
+  fits');
 * :func:`stratified_abs_sample`, :func:`sample_size`, :func:`sample_quantiles`,
   :func:`sample_rank_values`: the torch path's sample and the thresholds read off it;
 * :func:`host_abs_sample`, :func:`host_sample_size`, :func:`host_rank_value`,
@@ -107,6 +109,18 @@ def stratified_abs_sample(flat: torch.Tensor, size: int, generator: torch.Genera
         return _work_dtype(flat).abs()
     idx = stratified_indices(flat.numel(), size, generator, device=flat.device)
     return _work_dtype(flat.index_select(0, idx)).abs()
+
+
+def uniform_abs_sample(flat: torch.Tensor, size: int, generator: Optional[torch.Generator],
+                       abs_flat: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``|x|`` at ``size`` uniform positions drawn with replacement (one ``randint``, one gather;
+    ``generator`` None: the device's global one): the accelerators' sample, five operations
+    fewer than :func:`stratified_abs_sample`.  ``abs_flat``: ``|flat|``, when the caller has it."""
+    device = generator.device if generator is not None else flat.device
+    pos = torch.randint(flat.numel(), (size,), generator=generator, device=device).to(flat.device)
+    if abs_flat is not None:
+        return abs_flat.index_select(0, pos)
+    return _work_dtype(flat).index_select(0, pos).abs()
 
 
 def sample_size(numel: int, k: int, ratio: float, hits: int, minimum: int = 4096) -> int:

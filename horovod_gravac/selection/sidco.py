@@ -85,8 +85,8 @@ import torch
 from .. import native
 from .base import check_count, check_fraction
 from .fits import DISTRIBUTIONS, excess_moments, fitted_excess, fitted_excess_host
-from .kernels import TINY, _work_dtype, exceedance_moments, select_abs_at_least
-from .sampling import host_abs_sample, stratified_abs_sample
+from .kernels import TINY, _work_dtype, abs_for_reuse, exceedance_moments, select_abs_at_least
+from .sampling import host_abs_sample, stratified_abs_sample, uniform_abs_sample
 from .threshold import ThresholdSelector
 
 # Stage 1 fits this many stratified samples (it aims at a density of 1/4: ~16k excesses).
@@ -218,27 +218,23 @@ class SIDCoSelector(ThresholdSelector):
         candidates: that cost more than it saved at 4-6.5M entries and was taken back)."""
         n = flat.numel()
         squares = self.distribution != "exponential"
-        # |x| once, for the sample and every gather: on a GPU a call's time is mostly the host's
-        # cost of launching its operations (benchmarks/device_primitives.py), so it runs few.
-        a = _work_dtype(flat).abs()
-        rounded = np.float64 if a.dtype == torch.float64 else np.float32
+        # |x| once, for the sample and every gather, where that saves operations (on a GPU a
+        # call's time follows their count, benchmarks/device_primitives.py); None on the CPU.
+        a = abs_for_reuse(flat)
         s = min(n, _HOST_SAMPLE)
-        if s < n:   # a uniform sample (one randint, one gather; a stratified one takes 5 more)
-            gen = self._generators(flat.device)
-            sample = _to_host(a.index_select(0, torch.randint(n, (s,), generator=gen, device=gen.device)))
+        if s < n:
+            sample = _to_host(uniform_abs_sample(flat, s, self._generators(flat.device), a))
         else:
-            sample = _to_host(a)
+            sample = _to_host(_work_dtype(flat).abs() if a is None else a)
 
         def pass_moments(threshold):
             moments = exceedance_moments(flat, torch.tensor(threshold, dtype=torch.float64), squares)
             return tuple(_to_host(moments).tolist())
 
         def gather(threshold, expected, final):
-            # (|x| >= t in the tensor's precision, as select_abs_at_least compares)
-            idx = torch.nonzero(a >= float(rounded(threshold))).view(-1)
+            idx, mag = select_abs_at_least(flat, threshold, expected / n, not final, abs_flat=a)
             if final:
                 return idx, None, 1
-            mag = a.index_select(0, idx)
             stride = _fit_stride(mag.numel(), _DEVICE_CANDIDATE_FITS)
             host = _to_host(mag if stride == 1 else mag[::stride])
             return (idx, mag, host if stride == 1 else None), host, stride

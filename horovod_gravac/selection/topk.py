@@ -63,7 +63,7 @@ import torch
 from .. import native
 from .base import Selector, largest_of_payload
 from .payload import SparsePayload, sparse_payload
-from .sampling import DeviceGenerators, host_abs_sample, margin_rank, sample_rank_values
+from .sampling import DeviceGenerators, host_abs_sample, margin_rank, sample_rank_values, uniform_abs_sample
 
 # CPU: up to _TINY entries a plain torch.topk; up to _SMALL the threshold is the exact
 # k-th magnitude (no sampling).
@@ -302,9 +302,7 @@ def _topk_torch(values: torch.Tensor, k: int, generator: Optional[torch.Generato
     if n <= _SMALL_DEVICE or k * 4 >= n:
         return torch.topk(m, k, sorted=False).indices
     s = _SAMPLE_DEVICE
-    dev = generator.device if generator is not None else m.device
-    pos = torch.randint(n, (s,), generator=generator, device=dev).to(m.device)
-    sample = m.index_select(0, pos)
+    sample = uniform_abs_sample(values, s, generator, m)
     hits = s * k / n
     first, wide = sample_rank_values(sample, [margin_rank(s, hits, sigmas) for sigmas in _SIGMAS])
     enough = torch.count_nonzero(~(m < first)) >= k          # stays on the device
