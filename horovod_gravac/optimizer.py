@@ -71,7 +71,7 @@ from .controllers import Controller, Dense, StaticCF
 from .encoder import BucketEncoder, finite_tensor
 from .error_feedback import ErrorFeedback, IntervalSum
 from .sparse import SparseGradients
-from .transfers import Link, Transfer, WarmStarts
+from .transfers import Link, WarmStarts
 
 # Horovod's ``broadcast_optimizer_state`` calls the *base* optimizer's ``step()`` (to
 # create momentum buffers etc. without any communication) only for optimizers whose
