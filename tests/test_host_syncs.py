@@ -141,7 +141,42 @@ def _redsync_reference(t, k, tolerance=0.02, steps=40):
     o = torch.sort(a[nonzero], descending=True).values
     thr, _ = _bisect_on_host(float(o[r_many - 1]), float(o[0]), float(o[r_many - 1]), float(o[r_few - 1]),
                              steps, a.dtype)
-    return torch.nonzero(a > thr).view(-1)
+    kept = torch.nonzero(a > thr).view(-1)
+    if not few <= kept.numel() <= many:   # a tie spans the band: the k first of the stable order
+        return _first_k_stable(t, k)
+    return kept
+
+
+def _first_k_stable(t, k):
+    """The ``k`` largest magnitudes, the earliest of a tie first, ascending positions."""
+    order = torch.sort(t.abs(), descending=True, stable=True).indices[:k]
+    return torch.sort(order).values
+
+
+def _band_reachable(t, k, tolerance=0.02):
+    """Whether some threshold keeps ``#(|t| > thr)`` within ``k (1 +- tolerance)``."""
+    import math
+    o = torch.sort(t.abs(), descending=True).values
+    lo, hi = max(math.ceil(k * (1 - tolerance)), 1), min(math.floor(k * (1 + tolerance)), o.numel())
+    return any(m == o.numel() or bool(o[m - 1] > o[m]) for m in range(lo, hi + 1))
+
+
+def _tied_cases(numel, k, g):
+    """Gradients where many magnitudes share one value: constant, clipped by value, a tie over
+    the top two thirds, and a tie over ranks k/2 .. 3k (around the k-th magnitude)."""
+    lap = torch.distributions.Laplace(0.0, 1.0).sample((numel,))
+    sign = torch.where(torch.rand(numel, generator=g) < 0.5, -1.0, 1.0)
+    yield "constant", torch.full((numel,), 0.5) * sign
+    bound = float(torch.quantile(lap.abs()[:100_000], 0.95))
+    yield "clipped 5 %", lap.clamp(-bound, bound)
+    top = lap.clone()
+    top[: 2 * numel // 3] = 0.5 * sign[: 2 * numel // 3]
+    top[2 * numel // 3:] *= 0.1
+    yield "top two thirds", top
+    o = torch.sort(lap.abs(), descending=True).values
+    v, low = o[max(k // 2, 1) - 1], o[min(3 * k, numel - 1)]
+    mid = torch.where((lap.abs() <= v) & (lap.abs() >= low), v * torch.sign(lap), lap)
+    yield "ranks k/2 to 3k", mid
 
 
 def check_redsync_kept(t, k, got, what=None):
@@ -190,6 +225,41 @@ def test_redsync_on_accelerators_launches_few_ops_and_keeps_what_a_full_sort_dec
                     sel = RedSyncSelector(cf=cf)
                     sel.set_step(7, 1)
                     check_redsync_kept(t, k, sel.select(t, k), (numel, case, cf))
+    finally:
+        native.use(previous)
+
+
+@pytest.mark.parametrize("path", ["native", "torch", "accelerator"])
+def test_redsync_keeps_k_when_a_tie_spans_the_band(path, request):
+    """When many magnitudes share the value at the k-th rank (constant gradients, clipping by
+    value), no threshold keeps k (1 +- tolerance): RedSync used to keep none of such a bucket
+    (error feedback then held it for good) or the whole tie.  Every path now keeps the k largest,
+    the earliest of the tie first; where a threshold can reach the band it still does."""
+    import horovod_gravac.native as native
+    from horovod_gravac.selection.redsync import RedSyncSelector
+    if path == "accelerator":
+        request.getfixturevalue("accelerator_path")
+    if path == "native" and not native.available():
+        pytest.skip("native kernels not built")
+    previous = native.use("auto" if path == "native" else "off")
+    try:
+        g = torch.Generator().manual_seed(5)
+        # (numel, cf, sample_ratio): the last searches on the counts of a half sample (low CF)
+        for numel, cf, ratio in [(20_000, cf, None) for cf in (10, 100, 1000)] \
+                + [(300_000, cf, None) for cf in (10, 100, 1000)] + [(60_000, 2, 0.5)]:
+            k = max(1, int(numel / cf))
+            for case, t in _tied_cases(numel, k, g):
+                sel = RedSyncSelector(cf=cf, sample_ratio=ratio)
+                sel.set_step(3, 0)
+                got = torch.sort(sel.select(t, k).long()).values
+                what = (path, numel, cf, case, got.numel(), k)
+                if _band_reachable(t, k):
+                    a = t.abs()
+                    kept = torch.zeros(numel, dtype=torch.bool)
+                    kept[got] = True
+                    assert 0.95 <= got.numel() / k <= 1.05 and a[kept].min() > a[~kept].max(), what
+                else:
+                    assert torch.equal(got, _first_k_stable(t, k)), what
     finally:
         native.use(previous)
 

@@ -26,7 +26,11 @@ counts exactly but over a *candidate set* only:
    magnitude lies below the mean (low CFs such as 2x on Laplace data) ``floor`` is
    below the mean too and the search goes there, instead of stopping at the mean
    and keeping too few as the original would;
-4. the search stops moving once the count is within ``tolerance`` of ``k``.
+4. the search stops moving once the count is within ``tolerance`` of ``k``;
+5. when many magnitudes share the value at the k-th rank (a constant or value-clipped
+   gradient), no threshold keeps a count within tolerance: then the ``k`` largest are kept,
+   the earliest of the tie first (``_fill_ties``), on every path, instead of none of the
+   bucket (which error feedback would then hold for good) or the whole tie.
 
 At low CFs (when the sample expects at least 10,000 entries above the threshold, e.g.
 CF <= 25 for 25M entries with the defaults) gathering the >= k candidates would cost
@@ -224,6 +228,23 @@ def _bracketed_search(cand: torch.Tensor, k: int, floor: torch.Tensor, ceil: tor
     return redsync_search(cand, k, lo, hi, steps, tolerance)[0]
 
 
+def _fill_ties(mags: torch.Tensor, thr: float, k: int) -> torch.Tensor:
+    """Positions in ``mags`` of the ``k`` largest at or above ``thr``, the earliest of a tie first
+    (all of them when fewer), ascending.
+
+    RedSync keeps ``|g| > thr``.  When many magnitudes share the value at the k-th rank (a
+    gradient clipped by value, quantised, or constant), no threshold keeps a count within
+    tolerance: the search ends keeping those above the tie, often none (the bucket would never
+    be sent, and error feedback would hold it for good), or the whole tie (many times ``k``).
+    Then the k largest are kept, the earliest of the tie first, as exact Top-k and DGC's surplus
+    drop do.  With no tie the exact counts always end within tolerance."""
+    at = torch.nonzero(mags >= thr).view(-1)
+    if at.numel() <= k:
+        return at
+    order = torch.sort(mags.index_select(0, at), descending=True, stable=True).indices[:k]
+    return at.index_select(0, torch.sort(order).values)
+
+
 class RedSyncSelector(ThresholdSelector):
     """Binary-search a threshold between ``mean(|g|)`` and ``max(|g|)`` until ``~k`` entries pass.
 
@@ -273,9 +294,12 @@ class RedSyncSelector(ThresholdSelector):
             steps = self._steps(spread, hits)
             self.last_steps = steps
             thr, _ = redsync_search(sample, hits, floor, ceil, steps, self.tolerance)
-            idx, _ = select_abs_at_least(flat, thr.clamp(min=TINY), k / n, magnitudes=False)   # sync 1
+            idx, mags = select_abs_at_least(flat, thr.clamp(min=TINY), k / n)   # sync 1
+            if idx.numel() > k * (1.0 + self.tolerance):   # a tie kept whole (or the sample's ~1 % error)
+                idx = idx.index_select(0, _fill_ties(mags, 0.0, k))
             return idx
         cand_idx, cand = select_abs_at_least(flat, floor, (hits + spread) / s)   # sync 1
+        few = k * (1.0 - self.tolerance)
         if cand.numel() <= k * (1.0 + self.tolerance):
             # Everything at or above the floor: within tolerance, or (rarely) the floor
             # overshot and no threshold the candidates can express keeps more.
@@ -285,6 +309,8 @@ class RedSyncSelector(ThresholdSelector):
         self.last_steps = steps
         thr = _bracketed_search(cand, k, floor, ceil, steps, self.tolerance)   # accelerators: a copy
         keep = torch.nonzero(cand > thr).view(-1)                              # sync 2
+        if not few <= keep.numel() <= k * (1.0 + self.tolerance):   # a tie spans the band (_fill_ties)
+            keep = _fill_ties(cand, thr, k)
         return cand_idx.index_select(0, keep)
 
     def _select_on_device(self, flat: torch.Tensor, k: int) -> torch.Tensor:
@@ -323,8 +349,12 @@ class RedSyncSelector(ThresholdSelector):
             r_many = min(math.floor(many * s / n) + 1, s)   # (s: a CF within tolerance of 1)
             r_few = min(max(math.ceil(few * s / n), 1), r_many)
             top = torch.sort(sample).values[s - r_many:].cpu().numpy()[::-1]         # sync 1
-            thr = self._search(top, r_few, a.dtype)
-            return torch.nonzero(a > max(thr, float(TINY))).view(-1)              # sync 2
+            thr, reachable = self._search(top, r_few, a.dtype)
+            thr = max(thr, float(TINY))
+            idx = torch.nonzero(a > thr).view(-1)                                    # sync 2
+            if not reachable and not few <= idx.numel() <= many:   # a tie spans the sample's band
+                idx = _fill_ties(a, thr, k)
+            return idx
         r_few, r_many = max(math.ceil(few), 1), math.floor(many) + 1   # 1-based ranks, largest first
         floor = TINY   # zeros are never kept
         s = min(n, _DEVICE_SAMPLE)
@@ -335,29 +365,33 @@ class RedSyncSelector(ThresholdSelector):
         if cand_idx.numel() <= many:   # within tolerance, or (rarely) the floor overshot
             self.last_steps = 0
             return cand_idx
-        ordered, order = torch.sort(cand, descending=True)
+        ordered, order = torch.sort(cand, descending=True, stable=True)   # stable: ties by position
         if r_many <= _DEVICE_PREFIX:   # ranks 1..r_many in one slice
             top = ordered[:r_many].cpu().numpy()                                     # sync 2
         else:                          # the maximum and ranks r_few..r_many only (a smaller copy)
             head = torch.cat([ordered[:1], ordered[r_few - 1:r_many]]).cpu().numpy()
             top = np.concatenate([head[:1], np.full(r_few - 2, np.inf, head.dtype), head[1:]]) \
                 if r_few > 1 else head[1:]
-        thr = self._search(top, r_few, a.dtype)
+        thr, _ = self._search(top, r_few, a.dtype)
         # thr >= T_many, so ranks after r_many are never kept; before r_few always, unless thr
         # reached the magnitude of rank r_few (ties at T_many): then count those exactly.
         if thr < top[r_few - 1] or r_few == 1:
             kept = r_few - 1 + int(np.count_nonzero(top[r_few - 1:] > top.dtype.type(thr)))
         else:
             kept = int((ordered[:r_many] > thr).sum())                                # (ties) sync 3
+        if kept < few:   # a tie at the threshold spans the band: the k first of the (stable) order
+            kept = k
         return cand_idx.index_select(0, order[:kept])
 
-    def _search(self, top: np.ndarray, r_few: int, dtype: torch.dtype) -> float:
+    def _search(self, top: np.ndarray, r_few: int, dtype: torch.dtype) -> Tuple[float, bool]:
         """The search's threshold from ``top``, the largest magnitudes of ranks 1..r_many
-        (descending; only rank 1 and ranks r_few..r_many are read)."""
+        (descending; only rank 1 and ranks r_few..r_many are read), and whether a threshold can
+        keep a count within tolerance (not when a tie spans the band)."""
         above_many, above_few = float(top[-1]), float(top[r_few - 1])
         thr, _, self.last_steps = _bisect_counting_steps(above_many, float(top[0]), above_many, above_few,
                                                          self.max_steps, dtype)
-        return thr
+        # Ranks r_few..r_many of one value: every threshold keeps fewer than r_few or r_many or more.
+        return thr, above_few != above_many
 
     def _steps(self, spread: float, hits: float) -> int:
         width = 2.0 * spread / max(hits, 1.0)      # relative bracket width in counts
@@ -386,9 +420,12 @@ class RedSyncSelector(ThresholdSelector):
             # Low CF with a large sample (an explicit sample_ratio): search on its counts.
             steps = self._steps(spread, hits)
             self.last_steps = steps
-            lo, hi = redsync_search(torch.from_numpy(sample), hits, torch.tensor(floor), torch.tensor(ceil),
+            lo, _ = redsync_search(torch.from_numpy(sample), hits, torch.tensor(floor), torch.tensor(ceil),
                                     steps, self.tolerance)
-            return native.select(x, max(float(lo), float(TINY)), False, int(k * 1.25) + 64, k)
+            idx, val = native.select(x, max(float(lo), float(TINY)), False, int(k * 1.25) + 64, k)
+            if idx.size > many:   # a tie kept whole at >= lo (or the sample's ~1 % error): k of it
+                idx, val = native.drop_smallest(idx, val, k)
+            return idx, val
         expected = int(math.ceil((hits + spread + 6.0 * math.sqrt(hits + spread) + 16.0) * n / s)) \
             if s < n else k + 64
         idx, val = native.select(x, floor, False, expected, (hits + spread) * n / s if s < n else k)
@@ -397,5 +434,10 @@ class RedSyncSelector(ThresholdSelector):
             return idx, val
         steps = self._steps(spread, hits)
         self.last_steps = steps
-        idx, val, _ = native.redsync_search(idx, val, floor, ceil, few, many, steps)
+        idx, val, thr = native.redsync_search(idx, val, floor, ceil, few, many, steps)
+        if idx.size < few:   # a tie at the threshold: fill up to k with the tied (see _fill_ties)
+            idx, val = native.select(x, thr, False, int(k * 1.25) + 64, k)
+        if idx.size > many:   # (or the tie kept whole): its earliest up to k
+            ascending = np.argsort(idx, kind="stable")   # the search's compaction left slots out of order
+            idx, val = native.drop_smallest(idx[ascending], val[ascending], k)
         return idx, val
