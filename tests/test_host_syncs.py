@@ -264,6 +264,54 @@ def test_redsync_keeps_k_when_a_tie_spans_the_band(path, request):
         native.use(previous)
 
 
+@pytest.mark.parametrize("path", ["native", "torch", "accelerator"])
+def test_dgc_and_sidco_keep_the_k_largest_when_ties_defeat_the_estimate(path, request):
+    """A constant or value-clipped bucket: DGC's threshold kept the whole tie (up to every entry,
+    twice the dense bytes) and SIDCo's fit landed above it (none kept: 0 of k on a bucket clipped
+    at its 95th percentile).  A count outside [k/2, 2k] now gets the exact k largest; Laplace
+    data and a bucket whose nonzeros are fewer than k never take that fallback."""
+    import horovod_gravac.native as native
+    from horovod_gravac.selection.dgc import DGCSelector
+    from horovod_gravac.selection.sidco import SIDCoSelector
+    from horovod_gravac.selection.threshold import KEPT_BAND
+    if path == "accelerator":
+        request.getfixturevalue("accelerator_path")
+    if path == "native" and not native.available():
+        pytest.skip("native kernels not built")
+    previous = native.use("auto" if path == "native" else "off")
+    makers = {"dgc": DGCSelector, **{f"sidco-{d}": (lambda cf, d=d: SIDCoSelector(cf, distribution=d))
+                                     for d in ("exponential", "gpareto", "gamma")}}
+    try:
+        g = torch.Generator().manual_seed(9)
+        for numel in (20_000, 300_000):
+            for cf in (10, 100, 1000):
+                k = max(1, int(numel / cf))
+                sparse = torch.zeros(numel)
+                sparse[torch.randperm(numel, generator=g)[: k // 4]] = 1.0 + torch.rand(k // 4, generator=g)
+                cases = [("laplace", torch.distributions.Laplace(0.0, 1.0).sample((numel,)))]
+                cases += list(_tied_cases(numel, k, g)) + [("a quarter of k nonzero", sparse)]
+                for name, make in makers.items():
+                    for case, t in cases:
+                        sel = make(cf)
+                        sel.set_step(2, 0)
+                        got = sel.select(t, k).long()
+                        what = (path, name, numel, cf, case, got.numel(), k, sel.fallbacks)
+                        a = t.abs()
+                        kept = torch.zeros(numel, dtype=torch.bool)
+                        kept[got] = True
+                        assert got.unique().numel() == got.numel() and a[kept].min() > 0, what
+                        if case == "a quarter of k nonzero":   # every nonzero, no fallback
+                            assert kept.sum() == k // 4 and sel.fallbacks == 0, what
+                            continue
+                        assert KEPT_BAND[0] <= got.numel() / k <= KEPT_BAND[1], what
+                        if case == "laplace":
+                            assert sel.fallbacks == 0, what
+                        if sel.fallbacks:   # the exact k largest (ties: any of them)
+                            assert got.numel() == k and a[kept].min() >= a[~kept].max(), what
+    finally:
+        native.use(previous)
+
+
 class Launches(SyncCounter):
     """Operations that launch work (views and host-tensor wrapping launch nothing), and syncs."""
 
