@@ -229,6 +229,29 @@ def test_redsync_on_accelerators_launches_few_ops_and_keeps_what_a_full_sort_dec
         native.use(previous)
 
 
+def test_dgc_on_accelerators_launches_ten_ops_with_its_estimates_error(accelerator_path):
+    """DGC's accelerator path: a uniform sample (one ``randint``, one gather; a draw per stratum
+    took 14 operations a call), one sort, one ``nonzero``: 10 operations, one sync, and the kept
+    count still within DGC's band over 30 seeds."""
+    import horovod_gravac.native as native
+    previous = native.use("off")
+    try:
+        for numel in (300_000, 1_200_000):
+            t = torch.distributions.Laplace(0.0, 1.0).sample((numel,))
+            for cf in (10, 100, 1000):
+                comp = DGCCompressor(cf)
+                comp.compress(t)
+                with Launches() as c:
+                    comp.compress(t)
+                assert c.syncs == 1 and c.launches <= 10, (numel, cf, c.launches, dict(c.ops))
+                for step in range(30):
+                    comp.set_step(step, 0)
+                    payload, _ = comp.compress(t)
+                    assert 0.8 <= payload.values.numel() * cf / numel <= 1.25, (numel, cf, step)
+    finally:
+        native.use(previous)
+
+
 @pytest.mark.parametrize("path", ["native", "torch", "accelerator"])
 def test_redsync_keeps_k_when_a_tie_spans_the_band(path, request):
     """When many magnitudes share the value at the k-th rank (constant gradients, clipping by

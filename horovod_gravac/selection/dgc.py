@@ -9,11 +9,14 @@ correction and local gradient clipping are training-side options of the
 optimizer / error-feedback memory (``momentum_correction=``, ``local_clip_norm=``),
 not of the compressor.
 
-The sample is *stratified*: the tensor is cut into ``s`` equal strata and one
-uniform position is drawn per stratum, from a private ``torch.Generator`` that
-lives on the tensor's own device (the global RNG is never touched).  That never
-repeats an index and cannot alias with periodic structure (tiled or
-convolutional layouts) the way a fixed-stride sample could.  The sample size is
+The sample's positions are random, from a private ``torch.Generator`` that lives on
+the tensor's own device (the global RNG is never touched), so they cannot alias with
+periodic structure (tiled or convolutional layouts) the way a fixed-stride sample
+could: on the CPU host path one per stratum (``host_abs_sample``), elsewhere uniform
+with replacement (``uniform_abs_sample``: one ``randint`` and one gather, five
+operations fewer than one draw per stratum, which on a GPU is what a call's time
+follows at bucket sizes; repeats among ``s << n`` draws change the count's error by
+a factor ``1 + O(s / n)``).  The sample size is
 chosen so that the sample holds a few hundred entries above the threshold, which
 bounds the relative error of the kept count (about ``1/sqrt(hits)``, i.e. 5 % for
 the default 400 hits) at every CF, CF 1000 included.
@@ -33,13 +36,13 @@ from .. import native
 from .base import check_count, check_fraction
 from .kernels import TINY, select_abs_at_least
 from .sampling import (host_abs_sample, host_rank_value, host_sample_size, margin_rank, sample_quantile,
-                       sample_size, stratified_abs_sample)
+                       sample_size, uniform_abs_sample)
 from .threshold import ThresholdSelector
 from .topk import sample_size as topk_sample_size
 
 
 class DGCSelector(ThresholdSelector):
-    """Keep the entries with ``|g| >=`` a threshold estimated from a stratified random sample.
+    """Keep the entries with ``|g| >=`` a threshold estimated from a random sample.
 
     Args:
         cf: compression factor (target ``numel / kept``).
@@ -82,7 +85,7 @@ class DGCSelector(ThresholdSelector):
         n = flat.numel()
         ratio = 0.01 if self.sample_ratio is None else self.sample_ratio
         s = sample_size(n, k, ratio, self.min_sample_hits)
-        sample = stratified_abs_sample(flat, s, self._generators(flat.device))
+        sample = uniform_abs_sample(flat, s, self._generators(flat.device))
         return sample_quantile(sample, n, k).clamp(min=TINY)
 
     def _select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
