@@ -267,6 +267,31 @@ def test_odd_tensors():
     release(opt)
 
 
+def test_tied_gradients_are_sent_k_at_a_time_by_every_threshold_compressor():
+    """A layer whose gradient is one value everywhere (a tie over the whole bucket): RedSync
+    used to send none of it (no weight moved in 3 steps) and SIDCo all of it (100x its budget,
+    twice the dense bytes).  Each now sends exactly k per step, error feedback moves the rest
+    along (3k distinct weights after 3 steps), and the ranks stay identical."""
+    from horovod_gravac.compressors import DGCCompressor, RedSyncCompressor, SIDCoCompressor
+    for comp in (RedSyncCompressor(100), SIDCoCompressor(100), SIDCoCompressor(100, distribution="gamma"),
+                 DGCCompressor(100)):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(400, 500, bias=False)
+        w0 = lin.weight.detach().clone()
+        opt = hg.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1),
+                                      named_parameters=lin.named_parameters(), compression=comp)
+        k = kept_count(w0.numel(), 100.0)
+        for step in range(3):
+            opt.zero_grad()
+            lin(torch.ones(8, 400)).sum().backward()   # dW = 8 everywhere
+            opt.step()
+            assert opt.stats["quality"] == 1.0, (repr(comp), step, opt.stats["quality"])
+        moved = int((lin.weight.detach() != w0).sum())
+        assert moved == 3 * k, (repr(comp), moved, k)
+        assert_identical_across_ranks(lin.weight.detach().reshape(-1), f"tied.{comp!r}")
+        release(opt)
+
+
 # ------------------------------------------------------------------ item 4: normal use
 def test_bounded_waits_in_normal_training():
     for timeout in (30.0, math.inf):
