@@ -217,6 +217,34 @@ def test_redsync_on_cuda_keeps_what_a_full_sort_decides(cf):
         check_redsync_kept(t, k, got, (numel, cf))
 
 
+@pytest.mark.parametrize("name", ["redsync", "dgc", "sidco-exponential", "sidco-gamma"])
+def test_tied_buckets_keep_k_on_cuda(name):
+    """Many magnitudes tied at the k-th (constant, value-clipped, ...): RedSync keeps the k
+    largest, the earliest of the tie first (the CPU's set); DGC and SIDCo keep a count in
+    [k/2, 2k] whose entries are the largest (tests/test_host_syncs.py, the tie tests)."""
+    from test_host_syncs import _band_reachable, _first_k_stable, _tied_cases
+    from horovod_gravac.selection.dgc import DGCSelector
+    from horovod_gravac.selection.redsync import RedSyncSelector
+    from horovod_gravac.selection.sidco import SIDCoSelector
+    make = {"redsync": RedSyncSelector, "dgc": DGCSelector,
+            "sidco-exponential": SIDCoSelector,
+            "sidco-gamma": lambda cf: SIDCoSelector(cf, distribution="gamma")}[name]
+    g = torch.Generator().manual_seed(5)
+    for numel in (20_000, 300_000):
+        for cf in (10, 100, 1000):
+            k = max(1, int(numel / cf))
+            for case, t in _tied_cases(numel, k, g):
+                got = torch.sort(make(cf).select(t.cuda(), k).long().cpu()).values
+                what = (name, numel, cf, case, got.numel(), k)
+                if name == "redsync" and not _band_reachable(t, k):
+                    assert torch.equal(got, _first_k_stable(t, k)), what
+                    continue
+                a = t.abs()
+                kept = torch.zeros(numel, dtype=torch.bool)
+                kept[got] = True
+                assert 0.5 <= got.numel() / k <= 2.0 and a[kept].min() >= a[~kept].max(), what
+
+
 def test_adaptive_statistics_make_no_sync_on_cuda():
     pytest.importorskip("horovod.torch", reason="the encoder's statistics go through horovod_gravac.comm")
     """The encoder's squared norms and their per-bucket sum stay on the device (CUDA's sync
