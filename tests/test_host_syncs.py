@@ -472,3 +472,45 @@ def test_adaptive_statistics_read_nothing_back_on_accelerators(monkeypatch):
     norms = record.norms
     assert norms.dtype == torch.float64 and norms[0] == norms[1] == 2 * norms[2]
     assert float(norms[0]) == pytest.approx(want, rel=1e-12)
+
+
+def test_syncs_per_optimizer_step_on_accelerators(accelerator_path, monkeypatch):
+    """What a training step costs in host synchronisations on accelerators (one rank; counted by
+    the dispatch counter with the accelerator paths forced): one per bucket in the encoder, whose
+    NaN/Inf policy must know before it sends whether the bucket is finite, plus each compressor's
+    own per call (DGC: its ``nonzero``); GraVAC adds at most three per step (the statistics,
+    read once).  The README quotes these counts; a change that adds a sync inside the bucket
+    hooks (on a GPU each one holds back the backward's launches) fails here."""
+    hvd = pytest.importorskip("horovod.torch")
+    import horovod_gravac as hg
+    import horovod_gravac.encoder as encoder
+    import horovod_gravac.native as native
+    hvd.init()
+    monkeypatch.setattr(encoder, "_reads_back_freely", lambda t: False)
+    previous = native.use("off")
+    try:
+        counts = {}
+        for label, kw in (("dense", {}), ("dgc", dict(compression=DGCCompressor(10))),
+                          ("gravac", dict(compressor=DGCCompressor,
+                                          controller=hg.GraVAC(theta_min=10, theta_max=1000, window=50)))):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+            opt = hg.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),
+                                          named_parameters=model.named_parameters(), bucket_cap_mb=0.25, **kw)
+            x = torch.randn(8, 256)
+            for _ in range(3):
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                opt.step()
+            with SyncCounter() as c:
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                opt.step()
+            counts[label] = (len(opt._buckets), c.total)
+        buckets = counts["dense"][0]
+        assert buckets >= 4, counts
+        assert counts["dense"][1] == buckets, counts
+        assert counts["dgc"][1] == 2 * buckets, counts
+        assert 2 * buckets <= counts["gravac"][1] <= 2 * buckets + 3, counts
+    finally:
+        native.use(previous)
