@@ -22,6 +22,7 @@ class StepRecord:
         self.floats_sent = 0
         self.nonfinite = 0                 # buckets that were NaN/Inf here
         self.quality: List[float] = []
+        self.exact_fallbacks = 0           # compress calls whose count left the band (threshold.py)
         self.launched = 0                  # buckets launched this step
         self.control_bytes = 0             # statistics carried for the controller
         self.step_stats: Optional[StepStats] = None     # rank-averaged, from the carrier bucket
@@ -71,5 +72,6 @@ class StepRecord:
                 "bytes_sent": self.bytes_sent, "control_bytes": self.control_bytes,
                 "floats_sent": self.floats_sent, "dense_floats": dense_floats,
                 "step_time": step_time, "compress_time": self.compress_time, "comm_time": comm_time,
-                "nonfinite_buckets": self.nonfinite, "skipped": skipped,
+                "nonfinite_buckets": self.nonfinite, "exact_fallbacks": self.exact_fallbacks,
+                "skipped": skipped,
                 "quality": sum(self.quality) / len(self.quality) if self.quality else None}

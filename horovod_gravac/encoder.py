@@ -117,6 +117,7 @@ class BucketEncoder:
             return LowRankTransfer(self.link, name, bucket, g_ef, comp_min, self.warm,
                                    bucket.update_residual, with_stats)
         comp_min.set_step(step_index, bucket.index)   # shared-seed draws: per (step, bucket)
+        fallbacks = getattr(comp_min, "fallbacks", 0)
         payload_min, ctx = comp_min.compress(g_ef)
         quality = comp_min.last_quality   # of this compress (compress_further sets its own)
         payload_c = payload_min
@@ -124,6 +125,8 @@ class BucketEncoder:
             payload_min = None
         elif decision.candidate_cf > decision.theta_min:   # multi-level: from g_min, not g_ef
             payload_c = comp_min.compress_further(payload_min, ctx, decision.candidate_cf / decision.theta_min)
+        if measure:   # ties the threshold could not split: the exact k largest were sent
+            record.exact_fallbacks += getattr(comp_min, "fallbacks", 0) - fallbacks
         if self.controller.needs_consensus and measure:
             ef_sq = _sq(g_ef)
             min_sq = ef_sq if payload_min is None else _sq(payload_min.values)
