@@ -34,3 +34,12 @@ def test_sweep_compare_reads_the_committed_h100_sweeps(capsys):
     by_cf = out[out.index("# by CF"):]
     redsync = next(ln for ln in by_cf.splitlines() if ln.strip().startswith("redsync"))
     assert "1M-6.5M CF 100: 0.88-1.10 | 1.27-1.63" in redsync
+
+
+def test_sparse_buckets_benchmark_prints_every_compressor_without_fallbacks(capsys):
+    from benchmarks import sparse_buckets
+    assert sparse_buckets.main(["--numel", "65000", "--width", "65", "--touched", "0.05", "--cfs", "10",
+                                "--repeats", "1"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith("    0.05")]
+    assert [r[2] for r in rows] == ["topk", "dgc", "redsync", "sidco"]
+    assert all(r[-1] in ("0", "-") for r in rows) and all(float(r[5]) == 0.5 for r in rows[1:])

@@ -115,7 +115,9 @@ class DGCSelector(ThresholdSelector):
             idx, val = native.select(x, threshold, False, expected, rank * n / s if s < n else k)
             if idx.size > many:         # refine: the k largest of the selected
                 return native.drop_smallest(idx, val, k, lower)
-            if idx.size >= few or s >= n:
+            if idx.size >= few or s >= n or threshold <= TINY:
+                # (at TINY every nonzero is kept: a gradient with fewer than k, an embedding's
+                # rows; the exact k-th magnitude below is then 0, and finding it took 150 ms)
                 return idx, val
         # Both estimates overshot (or ties at zero): the exact k-th magnitude.
         threshold = max(host_rank_value(np.abs(x), k), float(TINY))
