@@ -95,6 +95,13 @@ def abs_for_reuse(flat: torch.Tensor) -> Optional[torch.Tensor]:
     return None if _chunked(flat) else _work_dtype(flat).abs()
 
 
+def largest_positions(mags: torch.Tensor, k: int) -> torch.Tensor:
+    """Ascending positions in ``mags`` of its ``k`` largest values, the earliest of a tie first
+    (NaN largest, as in ``torch.topk``): the exact k largest of a kept set whose threshold could
+    not split a tie (RedSync's tie fill, the threshold selectors' band check)."""
+    return torch.sort(torch.sort(mags, descending=True, stable=True).indices[:k]).values
+
+
 _ROUNDING = {torch.float32: np.float32, torch.float64: np.float64}
 
 

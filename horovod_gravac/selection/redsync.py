@@ -83,7 +83,7 @@ import torch
 
 from .. import native
 from .base import check_count, check_fraction
-from .kernels import _ROUNDING, TINY, _work_dtype, select_abs_at_least
+from .kernels import _ROUNDING, TINY, _work_dtype, largest_positions, select_abs_at_least
 from .sampling import (host_abs_sample, host_rank_value, host_sample_size, margin_rank, sample_quantile,
                        sample_quantiles, sample_size, stratified_abs_sample, uniform_abs_sample)
 from .threshold import ThresholdSelector
@@ -241,8 +241,7 @@ def _fill_ties(mags: torch.Tensor, thr: float, k: int) -> torch.Tensor:
     at = torch.nonzero(mags >= thr).view(-1)
     if at.numel() <= k:
         return at
-    order = torch.sort(mags.index_select(0, at), descending=True, stable=True).indices[:k]
-    return at.index_select(0, torch.sort(order).values)
+    return at.index_select(0, largest_positions(mags.index_select(0, at), k))
 
 
 class RedSyncSelector(ThresholdSelector):
@@ -296,7 +295,7 @@ class RedSyncSelector(ThresholdSelector):
             thr, _ = redsync_search(sample, hits, floor, ceil, steps, self.tolerance)
             idx, mags = select_abs_at_least(flat, thr.clamp(min=TINY), k / n)   # sync 1
             if idx.numel() > k * (1.0 + self.tolerance):   # a tie kept whole (or the sample's ~1 % error)
-                idx = idx.index_select(0, _fill_ties(mags, 0.0, k))
+                idx = idx.index_select(0, largest_positions(mags, k))
             return idx
         cand_idx, cand = select_abs_at_least(flat, floor, (hits + spread) / s)   # sync 1
         few = k * (1.0 - self.tolerance)

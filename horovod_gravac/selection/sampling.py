@@ -8,14 +8,14 @@ index and cannot alias with periodic structure (tiled or convolutional layouts) 
 a fixed-stride sample could.
 
 * :func:`stratified_indices`: one float draw per stratum, on the generator's device
-  (Random-k's strata; DGC's torch path, RedSync's CPU torch path and SIDCo's
-  ``device_fits="device"`` sample with it).  RedSync's accelerator path and SIDCo's host fits
-  off the CPU host path (a GPU's tensors) draw uniform positions instead, one ``randint``: on a GPU a call's time follows its operation count, and a stratified sample
-  takes five operations more (``benchmarks/device_primitives.py``); for a threshold's
-  estimate independent uniform draws do as well, and random positions cannot alias with a
-  periodic layout either;
-* :func:`uniform_abs_sample`: the accelerators' sample (exact Top-k's, RedSync's, SIDCo's host
-  fits');
+  (Random-k's strata; RedSync's CPU torch path and SIDCo's ``device_fits="device"`` sample
+  with it).  DGC's torch path, RedSync's accelerator path and SIDCo's host fits off the CPU
+  host path (a GPU's tensors) draw uniform positions instead, one ``randint``: on a GPU a
+  call's time follows its operation count, and a stratified sample takes five operations more
+  (``benchmarks/device_primitives.py``); for a threshold's estimate independent uniform draws
+  do as well, and random positions cannot alias with a periodic layout either;
+* :func:`uniform_abs_sample`: the accelerators' sample (exact Top-k's, DGC's, RedSync's, SIDCo's
+  host fits');
 * :func:`stratified_abs_sample`, :func:`sample_size`, :func:`sample_quantiles`,
   :func:`sample_rank_values`: the torch path's sample and the thresholds read off it;
 * :func:`host_abs_sample`, :func:`host_sample_size`, :func:`host_rank_value`,

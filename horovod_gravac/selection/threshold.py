@@ -35,7 +35,7 @@ import torch
 
 from . import kernels
 from .base import Selector, largest_of_payload
-from .kernels import _work_dtype
+from .kernels import _work_dtype, largest_positions
 from .payload import SparsePayload
 from .sampling import DeviceGenerators, uniform_abs_sample
 
@@ -98,7 +98,7 @@ class ThresholdSelector(Selector):
         work = _work_dtype(flat).reshape(-1)
         if count > k:   # every kept entry passed one threshold: the k largest are among them
             mags = (work.index_select(0, idx.long()) if val is None else val).abs()
-            pick = torch.sort(torch.topk(mags, k, sorted=False).indices).values
+            pick = largest_positions(mags, k)
             self.fallbacks += 1
             return idx.index_select(0, pick), None if val is None else val.index_select(0, pick)
         if count >= KEPT_BAND[0] * min(k, self._nonzeros_at_least(work)):   # the zeros explain it
