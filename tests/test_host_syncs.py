@@ -66,6 +66,22 @@ def accelerator_path(monkeypatch):
     monkeypatch.setattr(selection_base, "_exact_further", lambda values: True)   # further: one topk
 
 
+@pytest.fixture(params=["native", "torch", "accelerator"])
+def selection_path(request):
+    """Each path a selector can take: the CPU host path (native kernels), the CPU's torch path
+    (kernels off), and the accelerators' (forced here, kernels off).  Yields its name."""
+    import horovod_gravac.native as native
+    if request.param == "accelerator":
+        request.getfixturevalue("accelerator_path")
+    if request.param == "native" and not native.available():
+        pytest.skip("native kernels not built")
+    previous = native.use("auto" if request.param == "native" else "off")
+    try:
+        yield request.param
+    finally:
+        native.use(previous)
+
+
 @pytest.mark.parametrize("name", sorted(DOCUMENTED))
 def test_host_syncs_per_call_are_few_and_constant(name, accelerator_path):
     make, per_compress, per_further = DOCUMENTED[name]
@@ -252,87 +268,69 @@ def test_dgc_on_accelerators_launches_ten_ops_with_its_estimates_error(accelerat
         native.use(previous)
 
 
-@pytest.mark.parametrize("path", ["native", "torch", "accelerator"])
-def test_redsync_keeps_k_when_a_tie_spans_the_band(path, request):
+def test_redsync_keeps_k_when_a_tie_spans_the_band(selection_path):
     """When many magnitudes share the value at the k-th rank (constant gradients, clipping by
     value), no threshold keeps k (1 +- tolerance): RedSync used to keep none of such a bucket
     (error feedback then held it for good) or the whole tie.  Every path now keeps the k largest,
     the earliest of the tie first; where a threshold can reach the band it still does."""
-    import horovod_gravac.native as native
     from horovod_gravac.selection.redsync import RedSyncSelector
-    if path == "accelerator":
-        request.getfixturevalue("accelerator_path")
-    if path == "native" and not native.available():
-        pytest.skip("native kernels not built")
-    previous = native.use("auto" if path == "native" else "off")
-    try:
-        g = torch.Generator().manual_seed(5)
-        # (numel, cf, sample_ratio): the last searches on the counts of a half sample (low CF)
-        for numel, cf, ratio in [(20_000, cf, None) for cf in (10, 100, 1000)] \
-                + [(300_000, cf, None) for cf in (10, 100, 1000)] + [(60_000, 2, 0.5)]:
-            k = max(1, int(numel / cf))
-            for case, t in _tied_cases(numel, k, g):
-                sel = RedSyncSelector(cf=cf, sample_ratio=ratio)
-                sel.set_step(3, 0)
-                got = torch.sort(sel.select(t, k).long()).values
-                what = (path, numel, cf, case, got.numel(), k)
-                if _band_reachable(t, k):
-                    a = t.abs()
-                    kept = torch.zeros(numel, dtype=torch.bool)
-                    kept[got] = True
-                    assert 0.95 <= got.numel() / k <= 1.05 and a[kept].min() > a[~kept].max(), what
-                else:
-                    assert torch.equal(got, _first_k_stable(t, k)), what
-    finally:
-        native.use(previous)
+    path = selection_path
+    g = torch.Generator().manual_seed(5)
+    # (numel, cf, sample_ratio): the last searches on the counts of a half sample (low CF)
+    for numel, cf, ratio in [(20_000, cf, None) for cf in (10, 100, 1000)] \
+            + [(300_000, cf, None) for cf in (10, 100, 1000)] + [(60_000, 2, 0.5)]:
+        k = max(1, int(numel / cf))
+        for case, t in _tied_cases(numel, k, g):
+            sel = RedSyncSelector(cf=cf, sample_ratio=ratio)
+            sel.set_step(3, 0)
+            got = torch.sort(sel.select(t, k).long()).values
+            what = (path, numel, cf, case, got.numel(), k)
+            if _band_reachable(t, k):
+                a = t.abs()
+                kept = torch.zeros(numel, dtype=torch.bool)
+                kept[got] = True
+                assert 0.95 <= got.numel() / k <= 1.05 and a[kept].min() > a[~kept].max(), what
+            else:
+                assert torch.equal(got, _first_k_stable(t, k)), what
 
 
-@pytest.mark.parametrize("path", ["native", "torch", "accelerator"])
-def test_dgc_and_sidco_keep_the_k_largest_when_ties_defeat_the_estimate(path, request):
+def test_dgc_and_sidco_keep_the_k_largest_when_ties_defeat_the_estimate(selection_path):
     """A constant or value-clipped bucket: DGC's threshold kept the whole tie (up to every entry,
     twice the dense bytes) and SIDCo's fit landed above it (none kept: 0 of k on a bucket clipped
     at its 95th percentile).  A count outside [k/2, 2k] now gets the exact k largest; Laplace
     data and a bucket whose nonzeros are fewer than k never take that fallback."""
-    import horovod_gravac.native as native
     from horovod_gravac.selection.dgc import DGCSelector
     from horovod_gravac.selection.sidco import SIDCoSelector
     from horovod_gravac.selection.threshold import KEPT_BAND
-    if path == "accelerator":
-        request.getfixturevalue("accelerator_path")
-    if path == "native" and not native.available():
-        pytest.skip("native kernels not built")
-    previous = native.use("auto" if path == "native" else "off")
+    path = selection_path
     makers = {"dgc": DGCSelector, **{f"sidco-{d}": (lambda cf, d=d: SIDCoSelector(cf, distribution=d))
                                      for d in ("exponential", "gpareto", "gamma")}}
-    try:
-        g = torch.Generator().manual_seed(9)
-        for numel in (20_000, 300_000):
-            for cf in (10, 100, 1000):
-                k = max(1, int(numel / cf))
-                sparse = torch.zeros(numel)
-                sparse[torch.randperm(numel, generator=g)[: k // 4]] = 1.0 + torch.rand(k // 4, generator=g)
-                cases = [("laplace", torch.distributions.Laplace(0.0, 1.0).sample((numel,)))]
-                cases += list(_tied_cases(numel, k, g)) + [("a quarter of k nonzero", sparse)]
-                for name, make in makers.items():
-                    for case, t in cases:
-                        sel = make(cf)
-                        sel.set_step(2, 0)
-                        got = sel.select(t, k).long()
-                        what = (path, name, numel, cf, case, got.numel(), k, sel.fallbacks)
-                        a = t.abs()
-                        kept = torch.zeros(numel, dtype=torch.bool)
-                        kept[got] = True
-                        assert got.unique().numel() == got.numel() and a[kept].min() > 0, what
-                        if case == "a quarter of k nonzero":   # every nonzero, no fallback
-                            assert kept.sum() == k // 4 and sel.fallbacks == 0, what
-                            continue
-                        assert KEPT_BAND[0] <= got.numel() / k <= KEPT_BAND[1], what
-                        if case == "laplace":
-                            assert sel.fallbacks == 0, what
-                        if sel.fallbacks:   # the exact k largest (ties: any of them)
-                            assert got.numel() == k and a[kept].min() >= a[~kept].max(), what
-    finally:
-        native.use(previous)
+    g = torch.Generator().manual_seed(9)
+    for numel in (20_000, 300_000):
+        for cf in (10, 100, 1000):
+            k = max(1, int(numel / cf))
+            sparse = torch.zeros(numel)
+            sparse[torch.randperm(numel, generator=g)[: k // 4]] = 1.0 + torch.rand(k // 4, generator=g)
+            cases = [("laplace", torch.distributions.Laplace(0.0, 1.0).sample((numel,)))]
+            cases += list(_tied_cases(numel, k, g)) + [("a quarter of k nonzero", sparse)]
+            for name, make in makers.items():
+                for case, t in cases:
+                    sel = make(cf)
+                    sel.set_step(2, 0)
+                    got = sel.select(t, k).long()
+                    what = (path, name, numel, cf, case, got.numel(), k, sel.fallbacks)
+                    a = t.abs()
+                    kept = torch.zeros(numel, dtype=torch.bool)
+                    kept[got] = True
+                    assert got.unique().numel() == got.numel() and a[kept].min() > 0, what
+                    if case == "a quarter of k nonzero":   # every nonzero, no fallback
+                        assert kept.sum() == k // 4 and sel.fallbacks == 0, what
+                        continue
+                    assert KEPT_BAND[0] <= got.numel() / k <= KEPT_BAND[1], what
+                    if case == "laplace":
+                        assert sel.fallbacks == 0, what
+                    if sel.fallbacks:   # the exact k largest (ties: any of them)
+                        assert got.numel() == k and a[kept].min() >= a[~kept].max(), what
 
 
 class Launches(SyncCounter):
@@ -516,38 +514,29 @@ def test_syncs_per_optimizer_step_on_accelerators(accelerator_path, monkeypatch)
         native.use(previous)
 
 
-@pytest.mark.parametrize("path", ["native", "torch", "accelerator"])
-def test_embedding_like_buckets_send_their_nonzeros_cheaply(path, request, monkeypatch):
+def test_embedding_like_buckets_send_their_nonzeros_cheaply(selection_path, monkeypatch):
     """A bucket with fewer nonzeros than k (an embedding's gradient: a few rows touched) sends
     every nonzero and takes no fallback, over 20 steps' probes; DGC's CPU path no longer looks
     for the exact k-th magnitude of the whole bucket there (it is 0): that partition took
     150 ms at 6.5M entries, 100x the selection."""
     import numpy as np
-    import horovod_gravac.native as native
     import horovod_gravac.selection.dgc as dgc
     from horovod_gravac.selection.sidco import SIDCoSelector
-    if path == "accelerator":
-        request.getfixturevalue("accelerator_path")
-    if path == "native" and not native.available():
-        pytest.skip("native kernels not built")
+    path = selection_path
     sizes = []
     real_rank_value = dgc.host_rank_value
     monkeypatch.setattr(dgc, "host_rank_value", lambda x, r: sizes.append(np.size(x)) or real_rank_value(x, r))
-    previous = native.use("auto" if path == "native" else "off")
-    try:
-        g = torch.Generator().manual_seed(1)
-        rows, width = 2000, 150
-        t = torch.zeros(rows, width)
-        touched = torch.randperm(rows, generator=g)[:40]   # 2 % of the rows
-        t[touched] = torch.randn(40, width, generator=g)
-        t = t.view(-1)
-        for name, make in (("dgc", DGCCompressor), ("redsync", RedSyncCompressor), ("sidco", SIDCoSelector)):
-            for cf in (10, 20):
-                sel = make(cf)
-                for step in range(20):
-                    sel.set_step(step, 0)
-                    got = sel.select(t, t.numel() // cf)
-                    assert got.numel() == 40 * width and sel.fallbacks == 0, (name, cf, step, got.numel())
-        assert max(sizes, default=0) < t.numel(), sizes   # only samples were ranked
-    finally:
-        native.use(previous)
+    g = torch.Generator().manual_seed(1)
+    rows, width = 2000, 150
+    t = torch.zeros(rows, width)
+    touched = torch.randperm(rows, generator=g)[:40]   # 2 % of the rows
+    t[touched] = torch.randn(40, width, generator=g)
+    t = t.view(-1)
+    for name, make in (("dgc", DGCCompressor), ("redsync", RedSyncCompressor), ("sidco", SIDCoSelector)):
+        for cf in (10, 20):
+            sel = make(cf)
+            for step in range(20):
+                sel.set_step(step, 0)
+                got = sel.select(t, t.numel() // cf)
+                assert got.numel() == 40 * width and sel.fallbacks == 0, (path, name, cf, step, got.numel())
+    assert max(sizes, default=0) < t.numel(), sizes   # only samples were ranked
