@@ -110,17 +110,19 @@ def main(argv=None) -> int:
     ap.add_argument("--cfs", default="10,100,1000")
     ap.add_argument("--compressors", default="sidco-exp,sidco-gamma")
     ap.add_argument("--repeats", type=int, default=101)
+    ap.add_argument("--input", default="laplace", choices=("laplace", "normal", "real"),
+                    help="the tensor (benchmarks.compressors.make_input; 'real': captured gradients, 22 %% zeros)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if not native.available():
         print("the native kernels are not built: SIDCo and Top-k run their NumPy code, not the host path")
         return 1
     print(f"# SIDCo's cost on the CPU, split by part (thread CPU time, median of {args.repeats}), "
-          f"torch {torch.__version__}, kernels {native.mode()}")
+          f"{args.input} input, torch {torch.__version__}, kernels {native.mode()}")
     print(f"{'entries':>11} {'CF':>5} {'compressor':<12} {'total':>7} {'sample':>7} {'select':>7} "
           f"{'fits':>7} {'rest':>7} {'/Top-k':>7}")
     for n in (int(s) for s in args.sizes.split(",")):
-        t = make_input("laplace", n, 0)
+        t = make_input(args.input, n, 0)
         for cf in (float(c) for c in args.cfs.split(",")):
             ref = breakdown("topk", t, cf, args.repeats)
             for name in ["topk"] + args.compressors.split(","):

@@ -205,7 +205,8 @@ class SIDCoSelector(ThresholdSelector):
         refinement round runs there (:meth:`_staged_on_host`).  Host synchronisations: the
         sample copy, the final ``nonzero`` (or the upload of the kept positions), and with a
         candidate phase the candidate ``nonzero`` and copy: at most four (plus one per
-        streaming-pass fit, which the default plan never needs, as on the CPU host path).
+        streaming-pass fit, which only a tensor no larger than the sample needs, as on the CPU
+        host path).
 
         On an H100 this path cost 1.6-2.0x exact Top-k at CF 100 and 1000 with a 65536-entry
         sample, every candidate copied and fitted on, and the kept set picked on the device;
@@ -356,11 +357,15 @@ class SIDCoSelector(ThresholdSelector):
         fits and refinement rounds, with a stage-1 sample of ``_HOST_SAMPLE`` (8192) entries
         instead of the device fits' 65536.  The stages before the candidate phase are fitted on
         that sample when it holds at least ``_SAMPLE_FIT_MIN`` (400) entries of the stage's input
-        (with the defaults: every such stage, at every CF and size), otherwise on a streaming
-        pass (``hg_exceedance_moments``).  At bucket sizes a pass is 3-10x the cost of
-        these fits, and two of them made SIDCo cost 2-4x exact Top-k; the fit of a sample
-        estimates the same moments, and the exact counts of the candidate phase and the
-        refinement rounds correct what it misses.
+        (on Laplace data: every such stage, at every CF and size); when it holds fewer, that
+        input is at most ``400 n / 8192`` entries and is gathered there as the candidates.  A
+        streaming pass (``hg_exceedance_moments``) fits a stage only when the tensor is no larger
+        than the sample.  At bucket sizes a pass is 3-10x the cost of these fits, and two of them
+        made SIDCo cost 2-4x exact Top-k; on captured gradients an exponential stage fitted on the
+        sample overshot, the next one was fitted on a pass, and SIDCo cost 2.0x exact Top-k at
+        1M entries and CF 1000 (1.5x gathering instead, ``benchmarks/sidco_cost.py --input real``).
+        The fit of a sample estimates the same moments, and the exact counts of the candidate
+        phase and the refinement rounds correct what it misses.
 
         Two differences in where the work happens, not in what is computed:
 
@@ -410,12 +415,21 @@ class SIDCoSelector(ThresholdSelector):
           ``t=None``);
         * ``count(candidates)``: how many were gathered."""
         squares = self.distribution != "exponential"
-        plan = self._plan(n, k)
-        adaptive = self.stages is None
         s = sample.size
+        plan = self._plan(n, k)
+        # Zeros are never kept and no fit sees them, so a stage planned to keep at least as many
+        # entries as are nonzero (as many as the sample holds, scaled up) keeps them all: its
+        # threshold stays at the base.  Such stages are left out.  On an embedding's gradient,
+        # nonzero in the rows a batch touched (2 % of a 6.5M bucket), they were not: each left the
+        # next stage a few hundred sampled entries to fit on, too few, so it was fitted on a
+        # streaming pass, and SIDCo cost 2.3-2.9x exact Top-k at CF 100 and 1000.
+        base = float(sample.min())
+        if base == 0.0:   # (only then can the sample hold zeros: no count on a dense gradient)
+            nonzeros = n * np.count_nonzero(sample) / s
+            plan = [target for target in plan if target < nonzeros] or [float(k)]
+        adaptive = self.stages is None
         # Every fit and count on the sample is one pass over it (the sampled entries above a
         # stage's base are that stage's input: no copy of them is needed).
-        base = float(sample.min())
         sampled = _moments_of(sample)
         moments = sampled(base, squares)
         scale = n / s
@@ -430,14 +444,19 @@ class SIDCoSelector(ThresholdSelector):
             moments = sampled(threshold, squares)   # this stage's input, sampled
             held = moments[0] if s < n else 0.0
             if plan[stage - 1] > self.compact_density * n:
-                on_sample = held >= _SAMPLE_FIT_MIN
+                if s < n and held < _SAMPLE_FIT_MIN:
+                    # Too few sampled to fit on (a heavy tail the previous stage's fit
+                    # overshot): gather this stage's input now, at most 400 n / s entries, which
+                    # costs one pass, rather than fit it on a streaming pass and gather later.
+                    break
+                on_sample = s < n
             elif adaptive and stage < len(plan) - 1 and held >= _SAMPLE_DEEP_MIN:
                 on_sample = True
             else:
                 break   # gather the candidates here
             if on_sample:
                 moments = tuple(v * scale for v in moments)
-            else:   # too few sampled: a streaming pass
+            else:   # the sample is the whole tensor: an exact pass over it
                 moments = pass_moments(threshold)
             target = plan[stage]
             stage += 1
