@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("--numel", type=int, default=6_500_000)
     ap.add_argument("--width", type=int, default=650, help="row width (the embedding's dimension)")
     ap.add_argument("--touched", default="0.02,0.07", help="fractions of rows nonzero")
-    ap.add_argument("--cfs", default="10,100")
+    ap.add_argument("--cfs", default="10,100,1000")
     ap.add_argument("--repeats", type=int, default=21)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

@@ -592,12 +592,13 @@ def test_sidco_gathers_rather_than_passes_when_a_heavy_tail_defeats_its_sample_f
     """On a heavy tail (Student's t, 1.5 and 2 degrees of freedom) the exponential fit of a stage
     overshoots, and the next stage's input holds fewer than 400 sampled entries.  That input was
     then fitted on a streaming pass over the whole tensor, every call, and gathered afterwards;
-    now it is gathered at once (at most 400 n / 8192 entries) and the candidate phase's exact
-    counts finish the stages, within [0.85, 1.15] of k.  Captured gradients behave the same way
-    (``benchmarks/sidco_cost.py --input real``)."""
+    from 512K entries (``_GATHER_NOT_PASS_MIN``) it is now gathered at once (at most 400 n / 8192
+    entries) and the candidate phase's exact counts finish the stages, within [0.85, 1.15] of k.
+    Captured gradients behave the same way (``benchmarks/sidco_cost.py --input real``)."""
+    from horovod_gravac.selection.sidco import _GATHER_NOT_PASS_MIN
     torch.manual_seed(3)
     for df in (1.5, 2.0):
-        t = torch.distributions.StudentT(df).sample((300_000,))
+        t = torch.distributions.StudentT(df).sample((_GATHER_NOT_PASS_MIN + 1000,))
         for case in _sidco_kept_over_k(t, steps=4):
             assert 0.85 <= case[-1] <= 1.15, (selection_path, df, case)
     assert sidco_passes == [], (selection_path, sidco_passes[:4])

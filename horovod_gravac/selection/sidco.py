@@ -112,6 +112,13 @@ _SAMPLE_FIT_MIN = 400
 # they are gathered nearer k: at CF 1000 at 0.4 % of the tensor instead of 1.6 %, where the
 # selection pass costs about a third less.
 _SAMPLE_DEEP_MIN = 100
+# Host path: a large stage with fewer than _SAMPLE_FIT_MIN sampled entries is gathered as the
+# candidates from this many entries up, and fitted on a streaming pass below.  The candidate phase
+# then costs a few fits and counts of fixed Python cost, which a pass over the tensor outweighs
+# only from here: on captured gradients, SIDCo exponential at CF 1000 cost 2.6x exact Top-k at
+# 512K entries and 2.0x at 1M with the pass, 2.3x and 1.5x gathering, but at 262K and CF 100
+# 1.4x with the pass and 1.9x gathering (benchmarks/sidco_cost.py --input real).
+_GATHER_NOT_PASS_MIN = 1 << 19
 # The candidate phase fits and counts at most about this many candidates (see _fit_stride): on the
 # CPU host path, and on accelerators, where they are first copied to the host (half as many
 # there took SIDCo at CF 100 and 1000 from 1.12-1.34x to 1.07-1.27x exact Top-k on an H100 at
@@ -205,8 +212,8 @@ class SIDCoSelector(ThresholdSelector):
         refinement round runs there (:meth:`_staged_on_host`).  Host synchronisations: the
         sample copy, the final ``nonzero`` (or the upload of the kept positions), and with a
         candidate phase the candidate ``nonzero`` and copy: at most four (plus one per
-        streaming-pass fit, which only a tensor no larger than the sample needs, as on the CPU
-        host path).
+        streaming-pass fit, which only a tensor below 512K entries can need, as on the CPU host
+        path).
 
         On an H100 this path cost 1.6-2.0x exact Top-k at CF 100 and 1000 with a 65536-entry
         sample, every candidate copied and fitted on, and the kept set picked on the device;
@@ -358,9 +365,9 @@ class SIDCoSelector(ThresholdSelector):
         instead of the device fits' 65536.  The stages before the candidate phase are fitted on
         that sample when it holds at least ``_SAMPLE_FIT_MIN`` (400) entries of the stage's input
         (on Laplace data: every such stage, at every CF and size); when it holds fewer, that
-        input is at most ``400 n / 8192`` entries and is gathered there as the candidates.  A
-        streaming pass (``hg_exceedance_moments``) fits a stage only when the tensor is no larger
-        than the sample.  At bucket sizes a pass is 3-10x the cost of these fits, and two of them
+        input is at most ``400 n / 8192`` entries and is gathered there as the candidates from
+        ``_GATHER_NOT_PASS_MIN`` (512K) entries up, or fitted on a streaming pass
+        (``hg_exceedance_moments``) below.  At bucket sizes a pass is 3-10x the cost of these fits, and two of them
         made SIDCo cost 2-4x exact Top-k; on captured gradients an exponential stage fitted on the
         sample overshot, the next one was fitted on a pass, and SIDCo cost 2.0x exact Top-k at
         1M entries and CF 1000 (1.5x gathering instead, ``benchmarks/sidco_cost.py --input real``).
@@ -444,19 +451,19 @@ class SIDCoSelector(ThresholdSelector):
             moments = sampled(threshold, squares)   # this stage's input, sampled
             held = moments[0] if s < n else 0.0
             if plan[stage - 1] > self.compact_density * n:
-                if s < n and held < _SAMPLE_FIT_MIN:
+                if s < n and held < _SAMPLE_FIT_MIN and n >= _GATHER_NOT_PASS_MIN:
                     # Too few sampled to fit on (a heavy tail the previous stage's fit
                     # overshot): gather this stage's input now, at most 400 n / s entries, which
                     # costs one pass, rather than fit it on a streaming pass and gather later.
                     break
-                on_sample = s < n
+                on_sample = held >= _SAMPLE_FIT_MIN
             elif adaptive and stage < len(plan) - 1 and held >= _SAMPLE_DEEP_MIN:
                 on_sample = True
             else:
                 break   # gather the candidates here
             if on_sample:
                 moments = tuple(v * scale for v in moments)
-            else:   # the sample is the whole tensor: an exact pass over it
+            else:   # too few sampled, in a small tensor: a streaming pass
                 moments = pass_moments(threshold)
             target = plan[stage]
             stage += 1
