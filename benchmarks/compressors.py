@@ -12,8 +12,9 @@ of tensor sizes, estimation quality, wire bytes, and multi-level versus direct c
 Size sweep (table 0).  The optimizer compresses buckets of at most 6.5M float32 entries
 (``bucket_cap_mb=25``), often far fewer; there a streaming pass runs in cache and the fixed
 costs of a compressor decide.  For each size of ``--sizes`` (default 256K, 1M, 4M, 6.5M
-and 25M entries; Laplace input) and each CF, every compressor is timed compress alone
-('c') and compress + decompress into a reused buffer ('c+d'), interleaved with a
+and 25M entries; Laplace input, or ``--sweep-input normal`` / ``real``) and each CF, every
+compressor is timed compress alone ('c') and compress + decompress into a reused buffer
+('c+d'), interleaved with a
 streaming pass and with exact Top-k on the same tensor within every repeat, and the
 median of ``--sweep-repeats`` (9) is quoted as ratios: to the pass and to Top-k's own
 compress (or compress + decompress).  Targets, for DGC, RedSync and SIDCo:
@@ -418,7 +419,7 @@ def run_sweep(args, rows) -> int:
     near = 0                            # failed cost targets within the control's spread
     clock = DeviceClock(device)
     timer = "wall time between cuda synchronizations" if clock.cuda else "thread CPU time"
-    print(f"\nTable 0: size sweep on {device} (Laplace input; {timer}; median of {args.sweep_repeats}, "
+    print(f"\nTable 0: size sweep on {device} ({args.sweep_input} input; {timer}; median of {args.sweep_repeats}, "
           "everything interleaved)\n"
           "  c = compress alone, cd = compress + decompress into a reused buffer; /p = ratio to one\n"
           "  streaming pass t.abs().max() on the same tensor, /T = ratio to exact Top-k's own c (or cd);\n"
@@ -429,7 +430,7 @@ def run_sweep(args, rows) -> int:
     print(header + "\n" + "-" * len(header))
     failures = 0
     for numel in sizes:
-        t = make_input("laplace", numel, args.seed).to(device)
+        t = make_input(args.sweep_input, numel, args.seed).to(device)
         for cf in cfs:
             med, quality = measure_sweep_point(t, names, cf, args.sweep_repeats, clock)
             for name in names:
@@ -574,6 +575,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-repeats", type=int, default=9, help="repeats per sweep figure (median taken)")
     ap.add_argument("--device", default="cpu", help="device of the size sweep: cpu or cuda (tables 1-3: CPU only)")
     ap.add_argument("--sweep-only", action="store_true", help="run the size sweep only")
+    ap.add_argument("--sweep-input", default="laplace", choices=("laplace", "normal", "real"),
+                    help="the size sweep's tensor (default laplace, as issue #17's table; real: captured gradients)")
     ap.add_argument("--no-sweep", action="store_true", help="skip the size sweep")
     ap.add_argument("--out", help="write the printout to OUT.txt and every figure to OUT.csv")
     args = ap.parse_args(argv)
