@@ -507,26 +507,37 @@ class SIDCoSelector(ThresholdSelector):
     def _refine_host(self, count, k: float, threshold: float, base: float, moments,
                      density: float, dist: str) -> float:
         """:meth:`_refine` with host scalars (it stops at the first round within tolerance,
-        where the torch version's later rounds leave everything unchanged); ``count(t)``
-        counts the entries at or above ``t``."""
+        where the torch version's later rounds leave everything unchanged, and bisects the log
+        density once one round has kept too few and another too many); ``count(t)`` counts the
+        entries at or above ``t``."""
         few, many = k * (1.0 - self.tolerance), k * (1.0 + self.tolerance)
         log_k = math.log(k)
         log_d = math.log(max(density, 1e-300))
         prev_log_d = prev_log_kept = None
+        too_few = too_many = None   # the log densities seen keeping fewer / more than k
         for _ in range(self.refine):
             at = np.float32(max(threshold, float(TINY)))
             kept = max(float(count(at)), 0.5)
             if few <= kept <= many:
                 break
+            if kept < few:
+                too_few = log_d if too_few is None else max(too_few, log_d)
+            else:
+                too_many = log_d if too_many is None else min(too_many, log_d)
             log_kept = math.log(kept)
-            slope = 1.0
-            if prev_log_d is not None:
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    slope = float(np.float64(log_kept - prev_log_kept) / np.float64(log_d - prev_log_d))
-                slope = 1.0 if not math.isfinite(slope) else min(max(slope, 0.3), 3.0)
-            step = min(max((log_k - log_kept) / slope, -3.0), 3.0)
-            prev_log_d, prev_log_kept = log_d, log_kept
-            log_d = min(log_d + step, 0.0)
+            if too_few is not None and too_many is not None:
+                # k is bracketed: bisect.  Secant steps stall where the count is flat in the
+                # density and then jumps (captured gradients: a mass of magnitudes near 0 below
+                # an exponential tail), and left stage 1 at 0 after six rounds.
+                log_d = 0.5 * (too_few + too_many)
+            else:
+                slope = 1.0
+                if prev_log_d is not None and log_d != prev_log_d:
+                    slope = (log_kept - prev_log_kept) / (log_d - prev_log_d)
+                    slope = min(max(slope, 0.3), 3.0)
+                step = min(max((log_k - log_kept) / slope, -3.0), 3.0)
+                prev_log_d, prev_log_kept = log_d, log_kept
+                log_d = min(log_d + step, 0.0)
             threshold = base + fitted_excess_host(dist, moments, math.exp(log_d))
         return threshold
 
