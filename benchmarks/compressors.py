@@ -122,6 +122,16 @@ MALLOC_ENV = {
 }
 
 
+def pin_malloc(module: str, choice: str) -> None:
+    """Re-run ``python -m module`` with this process's arguments under ``MALLOC_ENV[choice]``
+    unless it already runs under it (glibc reads these variables at start-up only)."""
+    if os.environ.get("HG_BENCH_MALLOC") == choice:
+        return
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env.update(MALLOC_ENV[choice], HG_BENCH_MALLOC=choice)
+    os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
+
+
 # -- inputs ----------------------------------------------------------------------------------
 def capture_gradients(steps: int = 3, seed: int = 0) -> torch.Tensor:
     """Flattened gradients of ``steps`` SGD steps of a small CNN and a small LSTM LM."""
@@ -580,10 +590,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-sweep", action="store_true", help="skip the size sweep")
     ap.add_argument("--out", help="write the printout to OUT.txt and every figure to OUT.csv")
     args = ap.parse_args(argv)
-    if argv is None and os.environ.get("HG_BENCH_MALLOC") != args.malloc:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-        env.update(MALLOC_ENV[args.malloc], HG_BENCH_MALLOC=args.malloc)
-        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.compressors", *sys.argv[1:]], env)
+    if argv is None:
+        pin_malloc("benchmarks.compressors", args.malloc)
 
     torch.set_num_threads(1)
     native.use(args.native)

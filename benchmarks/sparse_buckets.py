@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from benchmarks.compressors import MALLOC_ENV, pin_malloc
 from horovod_gravac.compressors import DGCCompressor, RedSyncCompressor, SIDCoCompressor, TopKCompressor
 
 COMPRESSORS = {"topk": TopKCompressor, "dgc": DGCCompressor, "redsync": RedSyncCompressor,
@@ -54,10 +55,15 @@ def main(argv=None) -> int:
     ap.add_argument("--touched", default="0.02,0.07", help="fractions of rows nonzero")
     ap.add_argument("--cfs", default="10,100,1000")
     ap.add_argument("--repeats", type=int, default=21)
+    ap.add_argument("--malloc", choices=sorted(MALLOC_ENV), default="steady",
+                    help="allocator state (as in benchmarks.compressors: 'steady' pins glibc's adaptive "
+                         "thresholds, so that a call's fresh pages do not decide its time)")
     args = ap.parse_args(argv)
+    if argv is None:
+        pin_malloc("benchmarks.sparse_buckets", args.malloc)
     torch.set_num_threads(1)
     print(f"# embedding-like buckets: {args.numel:,} entries in rows of {args.width}; compress alone, "
-          f"thread CPU time, median of {args.repeats}")
+          f"thread CPU time, median of {args.repeats}, malloc {args.malloc}")
     print(f"{'touched':>8} {'CF':>5} {'compressor':<10} {'ms':>8} {'x Top-k':>8} {'kept/k':>7} {'fallbacks':>9}")
     for touched in (float(v) for v in args.touched.split(",")):
         x = embedding_like(args.numel, args.width, touched, seed=0)

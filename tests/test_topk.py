@@ -109,6 +109,20 @@ def test_few_nonzeros_are_all_kept_and_topped_up_with_the_first_zeros():
     assert set(nz.tolist()) <= set(got.tolist())
 
 
+def test_first_zeros_come_from_the_nonzero_positions_without_reading_the_tensor():
+    """``_zeros_first`` finds the first zeros as the positions missing from the ascending nonzero
+    positions (O(k), the tensor is not read); the same as scanning the tensor for them."""
+    import numpy as np
+    rng = np.random.default_rng(4)
+    for n, nonzeros in ((1000, 0), (1000, 999), (50_000, 300), (50_000, 20_000), (50_000, 49_000)):
+        x = np.zeros(n, dtype=np.float32)
+        x[rng.choice(n, nonzeros, replace=False)] = 1.0
+        nonzero = np.flatnonzero(x)
+        zeros = np.flatnonzero(x == 0)
+        for count in {1, zeros.size // 2 or 1, zeros.size}:
+            assert np.array_equal(T._zeros_first(nonzero, count), zeros[:count]), (n, nonzeros, count)
+
+
 def test_nan_counts_as_largest():
     for n in (T._TINY - 1, 100_000):
         x = data("laplace", n)
