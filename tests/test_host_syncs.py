@@ -556,12 +556,12 @@ def sidco_passes(monkeypatch):
     return passes
 
 
-def _sidco_kept_over_k(t: torch.Tensor, steps: int = 10):
-    """``(distribution, cf, step, kept / k)`` of SIDCo on ``t``, each distribution at CF 100 and 1000."""
+def _sidco_kept_over_k(t: torch.Tensor, steps: int = 10, cfs=(100, 1000)):
+    """``(distribution, cf, step, kept / k)`` of SIDCo on ``t``, each distribution at each CF."""
     from horovod_gravac.selection.fits import DISTRIBUTIONS
     from horovod_gravac.selection.sidco import SIDCoSelector
     for dist in DISTRIBUTIONS:
-        for cf in (100, 1000):
+        for cf in cfs:
             sel = SIDCoSelector(cf, dist)
             k = t.numel() // cf
             for step in range(steps):
@@ -602,3 +602,17 @@ def test_sidco_gathers_rather_than_passes_when_a_heavy_tail_defeats_its_sample_f
         for case in _sidco_kept_over_k(t, steps=4):
             assert 0.85 <= case[-1] <= 1.15, (selection_path, df, case)
     assert sidco_passes == [], (selection_path, sidco_passes[:4])
+
+
+def test_sidco_keeps_k_at_cfs_between_the_swept_ones_on_heavy_tails(selection_path):
+    """Between CF 20 and 64 the stage before k still holds over 2 % of the tensor, so it was fitted
+    on the sample, and the last stage too, with no count to correct it: the sample then holds
+    under 400 kept entries, too few to refine on.  On Student's t (3 degrees of freedom) the
+    exponential kept 0.75 of k at CF 50.  The last stage now goes to the candidates, whose exact
+    counts refine it.  At CF 300 a deep stage fitted on ~128 sampled entries could overshoot and
+    gather fewer than k candidates (0.76 of k); the fit is then asked for 2k on the sample's
+    counts and the candidates gathered again."""
+    torch.manual_seed(6)
+    t = torch.distributions.StudentT(3.0).sample((1 << 20,))
+    for case in _sidco_kept_over_k(t, steps=6, cfs=(30, 50, 300)):
+        assert 0.85 <= case[-1] <= 1.15, (selection_path, case)

@@ -40,9 +40,13 @@ Stage plan (``stages=None``, adaptive):
    is kept and the density asked of it moves by secant steps on ``ln(kept)``
    against ``ln(density)``, so the threshold always comes from the fitted
    distribution.  Once the count is within ``tolerance`` of ``k`` nothing moves.
-   Low CFs (10x) never reach a candidate phase; there the rounds count on stage 1's
-   sample instead, which at such densities holds thousands of kept entries
-   (relative error ~1/sqrt(k s / n), about 1 % at CF 10).
+   Low CFs (10-20x) never reach a candidate phase; there the rounds count on stage 1's
+   sample instead, which at such densities holds at least 400 kept entries (relative
+   error ~1/sqrt(k s / n): 3.5 % at CF 10 and 5 % at CF 20 with the host fits' 8192-entry
+   sample).  Where the sample holds fewer (CF 20-64 on the host), the last stage is fitted
+   on the candidates, as at higher CFs.  When the candidates hold fewer than k (a stage
+   fitted on the sample overshot), the fit is asked for 2k on the sample's counts and the
+   candidates are gathered again (host fits).
 
 With an integer ``stages`` the stage densities are fixed (``delta ** (1 / stages)``
 each) and there are no refinement rounds: SIDCo with a fixed stage count.
@@ -99,9 +103,11 @@ _FIRST_SAMPLE = 1 << 16
 # 1000 from 1.23-1.43x to 1.12-1.34x exact Top-k at bucket sizes (benchmarks/sidco_device_sample.py).
 # 8192 still hold 2048 entries above stage 1 and ~500 above stage 2.
 _HOST_SAMPLE = 1 << 13
-# Refine on the sample's counts (no candidate phase) only when it holds this many kept entries
-# (800: a count within ~3.5 %, against the 5 % tolerance; CF 10 with the 8192-entry sample).
-_SAMPLE_REFINE_HITS = 800
+# Refine the last stage on the sample's counts (no candidate phase) only when the sample holds
+# this many kept entries (a count within ~5 %: CF 20 with the 8192-entry sample).  With fewer the
+# last stage goes to the candidates: fitted on the sample unrefined (800 hits were asked for
+# before, so CF 20-64 had neither), it kept 0.55-0.8 of k at CF 30-50 on heavy tails.
+_SAMPLE_REFINE_HITS = 400
 # Host path: a stage whose input the stage-1 sample holds at least this many entries of is
 # fitted on the sample (relative error of the fitted mean ~1/sqrt(400) = 5 %, which moves
 # a stage's count by ~7 % at density 1/4; the next stage or the refinement corrects it).
@@ -450,6 +456,12 @@ class SIDCoSelector(ThresholdSelector):
         while stage < len(plan):
             moments = sampled(threshold, squares)   # this stage's input, sampled
             held = moments[0] if s < n else 0.0
+            if (adaptive and self.refine > 0 and stage == len(plan) - 1 and s < n
+                    and k * s / n < _SAMPLE_REFINE_HITS):
+                # The next stage is the last, and the sample holds too few kept entries to
+                # refine it: fit it on the candidates, whose exact counts do.  Fitted on the
+                # sample unrefined, it kept 0.61-0.79 of k at CF 50 on captured gradients.
+                break
             if plan[stage - 1] > self.compact_density * n:
                 if s < n and held < _SAMPLE_FIT_MIN and n >= _GATHER_NOT_PASS_MIN:
                     # Too few sampled to fit on (a heavy tail the previous stage's fit
@@ -478,6 +490,16 @@ class SIDCoSelector(ThresholdSelector):
             return gather(max(threshold, float(TINY)), k, True)[0]
         gathered, values, stride = gather(max(threshold, float(TINY)), plan[stage - 1], False)
         mcount = count(gathered)
+        if mcount < k * (1.0 - self.tolerance) and adaptive and self.refine > 0 and s < n:
+            # The last stage fitted on the sample overshot (a deep stage fits on 100-400 sampled
+            # entries), and the candidates hold fewer than k: ask its fit for 2k instead, on the
+            # sample's counts, and gather again, so that the candidate phase's exact counts can
+            # reach k (it kept 0.63 of k at CF 300 on captured gradients before).  One more
+            # select pass, in these calls only.
+            threshold = self._refine_host(sampled.count_at_least, 2.0 * k * s / n, threshold, *last,
+                                          self._stage_dist(stage))
+            gathered, values, stride = gather(max(threshold, float(TINY)), 2 * k, False)
+            mcount = count(gathered)
         if mcount <= k:
             self.last_stages = stage
             return finish(gathered, None)
