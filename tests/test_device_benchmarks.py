@@ -43,3 +43,14 @@ def test_sparse_buckets_benchmark_prints_every_compressor_without_fallbacks(caps
     rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith("    0.05")]
     assert [r[2] for r in rows] == ["topk", "dgc", "redsync", "sidco"]
     assert all(r[-1] in ("0", "-") for r in rows) and all(float(r[5]) == 0.5 for r in rows[1:])
+
+
+def test_quality_ladder_benchmark_prints_every_threshold_compressor_within_target(capsys):
+    from benchmarks import quality_ladder
+    assert quality_ladder.main(["--inputs", "laplace", "--sizes", "65536", "--cfs", "10,50,1000",
+                                "--steps", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [ln.split() for ln in out if ln.startswith("laplace")]
+    assert [r[2] for r in rows] == ["dgc", "redsync", "sidco-exp", "sidco-gpareto", "sidco-gamma"]
+    assert all(len(r) == 6 and not any(c.endswith("!") for c in r[3:]) for r in rows), rows
+    assert out[-1] == "# 0 cell(s) outside [0.8, 1.25]"
