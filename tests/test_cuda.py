@@ -245,6 +245,37 @@ def test_tied_buckets_keep_k_on_cuda(name):
                 assert 0.5 <= got.numel() / k <= 2.0 and a[kept].min() >= a[~kept].max(), what
 
 
+def test_sidco_keeps_k_on_heavy_tails_and_sparse_buckets_on_cuda():
+    """SIDCo's host fits on a CUDA tensor: within [0.85, 1.15] of k at the CFs between the swept
+    ones on Student's t, and on an embedding-like bucket (2 % of rows nonzero) at CF 100/1000
+    with no stage fitted on a pass over the bucket (tests/test_host_syncs.py, the same cases
+    on the CPU's paths)."""
+    import horovod_gravac.selection.sidco as sidco
+    from horovod_gravac.selection.fits import DISTRIBUTIONS
+    torch.manual_seed(6)
+    heavy = torch.distributions.StudentT(3.0).sample((1 << 20,)).cuda()
+    rows = torch.zeros(2000, 150)
+    rows[torch.randperm(2000)[:40]] = torch.randn(40, 150)
+    sparse = rows.view(-1).cuda()
+    passes = []
+    real_pass = sidco.exceedance_moments
+    sidco.exceedance_moments = lambda x, *a, **kw: passes.append(x.numel()) or real_pass(x, *a, **kw)
+    try:
+        for dist in DISTRIBUTIONS:
+            for t, cfs in ((heavy, (30, 50, 300)), (sparse, (100, 1000))):
+                for cf in cfs:
+                    sel = sidco.SIDCoSelector(cf, dist)
+                    k = t.numel() // cf
+                    for step in range(4):
+                        sel.set_step(step, 0)
+                        got = sel.select(t, k)
+                        assert got.device.type == "cuda"
+                        assert 0.85 <= got.numel() / k <= 1.15, (dist, t.numel(), cf, step, got.numel() / k)
+    finally:
+        sidco.exceedance_moments = real_pass
+    assert passes == [], passes[:4]
+
+
 def test_adaptive_statistics_make_no_sync_on_cuda():
     pytest.importorskip("horovod.torch", reason="the encoder's statistics go through horovod_gravac.comm")
     """The encoder's squared norms and their per-bucket sum stay on the device (CUDA's sync
