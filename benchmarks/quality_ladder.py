@@ -1,6 +1,6 @@
 """Kept count over k of the threshold compressors at every CF GraVAC may pick, not only 10/100/1000.
 
-    python -m benchmarks.quality_ladder                     # ~6 minutes
+    python -m benchmarks.quality_ladder                     # ~10 seconds
     python -m benchmarks.quality_ladder --sizes 1048576 --steps 4 --compressors sidco-exp
 
 The size sweep (``benchmarks/compressors.py``) checks quality at CF 10, 100 and 1000 on Laplace
