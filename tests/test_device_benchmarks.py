@@ -48,9 +48,11 @@ def test_sparse_buckets_benchmark_prints_every_compressor_without_fallbacks(caps
 def test_quality_ladder_benchmark_prints_every_threshold_compressor_within_target(capsys):
     from benchmarks import quality_ladder
     assert quality_ladder.main(["--inputs", "laplace", "--sizes", "65536", "--cfs", "10,50,1000",
-                                "--steps", "2"]) == 0
+                                "--steps", "2", "--bases", "10", "--factors", "4,100"]) == 0
     out = capsys.readouterr().out.splitlines()
     rows = [ln.split() for ln in out if ln.startswith("laplace")]
-    assert [r[2] for r in rows] == ["dgc", "redsync", "sidco-exp", "sidco-gpareto", "sidco-gamma"]
-    assert all(len(r) == 6 and not any(c.endswith("!") for c in r[3:]) for r in rows), rows
+    names = ["dgc", "redsync", "sidco-exp", "sidco-gpareto", "sidco-gamma"]
+    assert [r[2] for r in rows] == names + [f"{name}@10x" for name in names]
+    assert all(len(r) == (6 if "@" not in r[2] else 5) for r in rows), rows
+    assert not any(c.endswith("!") for r in rows for c in r[3:]), rows
     assert out[-1] == "# 0 cell(s) outside [0.8, 1.25]"

@@ -638,3 +638,24 @@ def test_sidco_multilevel_keeps_k_on_heavy_tails(selection_path):
                 kept = comp.compress_further(payload, ctx, factor).values.numel()
                 q = kept / kept_count(n, base * factor)
                 assert 0.85 <= q <= 1.15, (selection_path, dist, base, factor, step, q)
+
+
+def test_sidco_sample_covers_a_small_tensor_to_its_end(selection_path):
+    """The host path's strata tile the whole tensor (``_tiling_sample_size``): with 8192 strata
+    of ``n // 8192`` entries, a 12,329-entry payload was sampled only in its first 8192 entries.
+    Here the last third's magnitudes are 1.5x the rest's; SIDCo must still keep about k, without
+    the exact fallback (the native path kept 1.35 of k at CF 5 before)."""
+    from horovod_gravac.selection.fits import DISTRIBUTIONS
+    from horovod_gravac.selection.sidco import SIDCoSelector, _tiling_sample_size
+    assert [_tiling_sample_size(n) for n in (8192, 12329, 1 << 20)] == [8192, 6164, 8192]
+    g = torch.Generator().manual_seed(8)
+    t = torch.cat([torch.randn(8192, generator=g), torch.randn(4137, generator=g) * 1.5])
+    for dist in DISTRIBUTIONS:
+        for cf in (5, 10, 20):
+            sel = SIDCoSelector(cf, dist)
+            k = t.numel() // cf
+            for step in range(4):
+                sel.set_step(step, 0)
+                got = sel.select(t, k)
+                assert 0.85 <= got.numel() / k <= 1.15 and sel.fallbacks == 0, \
+                    (selection_path, dist, cf, step, got.numel() / k, sel.fallbacks)
