@@ -131,9 +131,10 @@ _SAMPLE_DEEP_MIN = 100
 # Host path: a large stage with fewer than _SAMPLE_FIT_MIN sampled entries is gathered as the
 # candidates from this many entries up, and fitted on a streaming pass below.  The candidate phase
 # then costs a few fits and counts of fixed Python cost, which a pass over the tensor outweighs
-# only from here: on captured gradients, SIDCo exponential at CF 1000 cost 2.6x exact Top-k at
-# 512K entries and 2.0x at 1M with the pass, 2.3x and 1.5x gathering, but at 262K and CF 100
-# 1.4x with the pass and 1.9x gathering (benchmarks/sidco_cost.py --input real).
+# only from about here: on captured gradients SIDCo exponential at 1M and CF 1000 cost 2.08x
+# exact Top-k with the pass and 1.66x gathering (benchmarks/results/sidco_cost_real_*.txt), at
+# 512K 2.6x and 2.3x, but at 262K and CF 100 1.4x with the pass and 1.9x gathering (interleaved
+# runs of both versions, commit f9d52d2).
 _GATHER_NOT_PASS_MIN = 1 << 19
 # The candidate phase fits and counts at most about this many candidates (see _fit_stride): on the
 # CPU host path, and on accelerators, where they are first copied to the host (half as many
@@ -385,8 +386,8 @@ class SIDCoSelector(ThresholdSelector):
         ``_GATHER_NOT_PASS_MIN`` (512K) entries up, or fitted on a streaming pass
         (``hg_exceedance_moments``) below.  At bucket sizes a pass is 3-10x the cost of these fits, and two of them
         made SIDCo cost 2-4x exact Top-k; on captured gradients an exponential stage fitted on the
-        sample overshot, the next one was fitted on a pass, and SIDCo cost 2.0x exact Top-k at
-        1M entries and CF 1000 (1.5x gathering instead, ``benchmarks/sidco_cost.py --input real``).
+        sample overshot, the next one was fitted on a pass, and SIDCo cost 2.08x exact Top-k at
+        1M entries and CF 1000 (1.66x gathering instead, ``benchmarks/sidco_cost.py --input real``).
         The fit of a sample estimates the same moments, and the exact counts of the candidate
         phase and the refinement rounds correct what it misses.
 
