@@ -459,23 +459,21 @@ class SIDCoSelector(ThresholdSelector):
         scale = n / s
         stage = 1
         density = min(plan[0] / max(moments[0] * scale, 1.0), 1.0)
-        last = (base, moments, density)
-        # Every stage's fit, with how many sampled entries its input held: a refinement on the
-        # sample's counts goes to the latest stage whose input holds what it aims at.  When a
-        # stage overshot, the next one's input holds fewer, its fit is asked for density 1 and
-        # cannot come below its base (a payload at 20x compressed 20x further kept 0.76 of k on
-        # captured gradients, its refinement stuck at that base for six rounds).
-        fits = [(last, self._stage_dist(1), moments[0])]
-        threshold = base + fitted_excess_host(self._stage_dist(1), moments, density)
-        if adaptive and self.refine > 0:
-            threshold = self._refine_host(sampled.count_at_least, plan[0] / scale, threshold, *last,
-                                          self._stage_dist(1))
+        # Every stage's fit (base, moments, density, distribution) and how many sampled entries
+        # its input held: a refinement on the sample's counts goes to the latest stage whose input
+        # holds what it aims at.  When a stage overshot, the next one's input holds fewer, its fit
+        # is asked for density 1 and cannot come below its base (a payload at 20x compressed 20x
+        # further kept 0.76 of k on captured gradients, its refinement stuck at that base for six
+        # rounds).
+        fits = [(base, moments, density, self._stage_dist(1), moments[0])]
 
         def refit(hits: float, threshold: float) -> float:
-            (fit_base, fit_moments, fit_density), dist, _ = next(
-                (f for f in reversed(fits) if f[2] >= hits), fits[0])
-            return self._refine_host(sampled.count_at_least, hits, threshold, fit_base, fit_moments,
-                                     fit_density, dist)
+            fit = next((f for f in reversed(fits) if f[4] >= hits), fits[0])
+            return self._refine_host(sampled.count_at_least, hits, threshold, *fit[:4])
+
+        threshold = base + fitted_excess_host(self._stage_dist(1), moments, density)
+        if adaptive and self.refine > 0:
+            threshold = refit(plan[0] / scale, threshold)   # (stage 1's own: it holds the sample)
         while stage < len(plan):
             moments = sampled(threshold, squares)   # this stage's input, sampled
             held = moments[0] if s < n else 0.0
@@ -503,8 +501,7 @@ class SIDCoSelector(ThresholdSelector):
             target = plan[stage]
             stage += 1
             density = min(target / max(moments[0], 1.0), 1.0)
-            last = (threshold, moments, density)
-            fits.append((last, self._stage_dist(stage), moments[0] / scale))
+            fits.append((threshold, moments, density, self._stage_dist(stage), moments[0] / scale))
             threshold = threshold + fitted_excess_host(self._stage_dist(stage), moments, density)
         checked = False   # the last stage was refined on the sample, and its count is checked
         if stage == len(plan):
