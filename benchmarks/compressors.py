@@ -180,6 +180,9 @@ def capture_gradients(steps: int = 3, seed: int = 0) -> torch.Tensor:
     return torch.cat(grads).detach()
 
 
+INPUTS = ("laplace", "normal", "real")   # the tensors make_input makes
+
+
 def make_input(name: str, numel: int, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     if name == "laplace":
@@ -569,7 +572,7 @@ def main(argv=None) -> int:
     ap.add_argument("--numel", type=int, default=25_000_000)
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats per figure (minimum taken)")
     ap.add_argument("--cfs", default="10,100,1000")
-    ap.add_argument("--inputs", default="laplace,normal,real")
+    ap.add_argument("--inputs", default=",".join(INPUTS))
     ap.add_argument("--compressors", default=",".join(COMPRESSORS))
     ap.add_argument("--no-multilevel", action="store_true", help="skip table 2")
     ap.add_argument("--no-kernels", action="store_true", help="skip table 3")
@@ -585,7 +588,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-repeats", type=int, default=9, help="repeats per sweep figure (median taken)")
     ap.add_argument("--device", default="cpu", help="device of the size sweep: cpu or cuda (tables 1-3: CPU only)")
     ap.add_argument("--sweep-only", action="store_true", help="run the size sweep only")
-    ap.add_argument("--sweep-input", default="laplace", choices=("laplace", "normal", "real"),
+    ap.add_argument("--sweep-input", default="laplace", choices=INPUTS,
                     help="the size sweep's tensor (default laplace, as issue #17's table; real: captured gradients)")
     ap.add_argument("--no-sweep", action="store_true", help="skip the size sweep")
     ap.add_argument("--out", help="write the printout to OUT.txt and every figure to OUT.csv")

@@ -22,7 +22,7 @@ import argparse
 
 import torch
 
-from benchmarks.compressors import COMPRESSORS, QUALITY_RANGE as TARGET, THRESHOLD, make_input
+from benchmarks.compressors import COMPRESSORS, INPUTS, QUALITY_RANGE as TARGET, THRESHOLD, make_input
 from horovod_gravac.compressors import kept_count
 
 ORDER = [name for name in COMPRESSORS if name in THRESHOLD]   # (THRESHOLD is a set)
@@ -61,7 +61,7 @@ def table(title: str, rows, columns, steps: int) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--inputs", default="laplace,normal,real")
+    ap.add_argument("--inputs", default=",".join(INPUTS))
     ap.add_argument("--sizes", default="262144,1048576,6553600")
     ap.add_argument("--cfs", default="10,20,30,50,100,200,300,500,1000")
     ap.add_argument("--compressors", default=",".join(ORDER))

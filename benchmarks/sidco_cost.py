@@ -34,7 +34,7 @@ import torch
 import horovod_gravac.native as native
 import horovod_gravac.selection.sidco as sidco_mod
 import horovod_gravac.selection.topk as topk_mod
-from benchmarks.compressors import COMPRESSORS, make_input
+from benchmarks.compressors import COMPRESSORS, INPUTS, make_input
 
 PARTS = ("sample", "select", "fits", "rest")
 
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cfs", default="10,100,1000")
     ap.add_argument("--compressors", default="sidco-exp,sidco-gamma")
     ap.add_argument("--repeats", type=int, default=101)
-    ap.add_argument("--input", default="laplace", choices=("laplace", "normal", "real"),
+    ap.add_argument("--input", default="laplace", choices=INPUTS,
                     help="the tensor (benchmarks.compressors.make_input; 'real': captured gradients, 22 %% zeros)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

@@ -22,7 +22,7 @@ import time
 import torch
 
 import horovod_gravac.selection.sidco as sidco
-from benchmarks.compressors import make_input
+from benchmarks.compressors import INPUTS, make_input
 from horovod_gravac.selection.topk import TopKSelector
 
 _KNOBS = ("_HOST_SAMPLE", "_SAMPLE_FIT_MIN", "_SAMPLE_DEEP_MIN", "_SAMPLE_REFINE_HITS")
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     print(f"{'input':>7} {'entries':>11} {'CF':>5} {'earlier':>11} {'current':>11}")
     lows = {name: 1.0 for name in configs}
     highs = {name: 1.0 for name in configs}
-    for inp in ("laplace", "normal", "real"):
+    for inp in INPUTS:
         for n in sizes:
             for cf in cfs:
                 q = quality_range(inp, n, cf, args.seeds)
