@@ -14,10 +14,16 @@ calls it makes (thread CPU time, summed per call, median over ``--repeats`` call
   the whole tensor, and SIDCo's final pick among them;
 * ``fits``: SIDCo's fits and counts (``native.MomentsOf``: about ten passes over its sample and
   its candidates) and Top-k's exact drop of its surplus candidates (``native.drop_smallest``);
-* ``rest``: everything else: Python between those calls (the stage plan, the fitted
-  thresholds, the refinement's secant steps), NumPy's copies of the candidates (the strided
-  subsample the candidate phase fits on, the gather of the kept ones' indices) and the torch
-  wrapping of the result.
+* ``staged``: SIDCo's stages in C (``native.sidco_select``, the default since 2026-11-27): its
+  select passes, fits, counts and the Python-free work between them in one native call;
+* ``rest``: everything else: Python between those calls (with ``--stages python``: the stage
+  plan, the fitted thresholds, the refinement's secant steps), NumPy's copies of the candidates
+  (the strided subsample the candidate phase fits on, the gather of the kept ones' indices) and
+  the torch wrapping of the result.
+
+``--stages both`` (the default) times each SIDCo variant twice, as ``sidco-exp`` (stages in C) and
+``sidco-exp:py`` (``sidco._NATIVE_STAGES`` off: the same selection by ``_staged_on_host`` in
+Python with the native passes), so that one run shows what the C stage loop saves.
 
 The select pass is the same work for both; what SIDCo adds is its definition: a sample large
 enough to fit a distribution in three stages (at least 500 sampled entries above each stage's
@@ -36,7 +42,7 @@ import horovod_gravac.selection.sidco as sidco_mod
 import horovod_gravac.selection.topk as topk_mod
 from benchmarks.compressors import COMPRESSORS, INPUTS, make_input
 
-PARTS = ("sample", "select", "fits", "rest")
+PARTS = ("sample", "select", "fits", "staged", "rest")
 
 
 class _Clock:
@@ -76,10 +82,14 @@ class _TimedPasses:
 
 
 def breakdown(name: str, tensor: torch.Tensor, cf: float, repeats: int) -> dict:
-    """Median ms per part (and ``total``) of ``compress`` for compressor ``name``."""
+    """Median ms per part (and ``total``) of ``compress`` for compressor ``name`` (``name:py``:
+    SIDCo with its stages in Python)."""
+    name, _, variant = name.partition(":")
     clock = _Clock()
     saved = (native.select, native.drop_smallest, native.MomentsOf, sidco_mod.host_abs_sample,
-             topk_mod.host_abs_sample)
+             topk_mod.host_abs_sample, native.sidco_select, sidco_mod._NATIVE_STAGES)
+    sidco_mod._NATIVE_STAGES = variant != "py"
+    native.sidco_select = clock.wrap(saved[5], "staged")
     native.select = clock.wrap(native.select, "select")
     native.drop_smallest = clock.wrap(native.drop_smallest, "fits")
     native.MomentsOf = _TimedMoments(clock, saved[2])
@@ -100,7 +110,7 @@ def breakdown(name: str, tensor: torch.Tensor, cf: float, repeats: int) -> dict:
             rows.append(row)
     finally:
         (native.select, native.drop_smallest, native.MomentsOf, sidco_mod.host_abs_sample,
-         topk_mod.host_abs_sample) = saved
+         topk_mod.host_abs_sample, native.sidco_select, sidco_mod._NATIVE_STAGES) = saved
     return {key: statistics.median(r[key] for r in rows) * 1e3 for key in PARTS + ("total",)}
 
 
@@ -112,23 +122,27 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=101)
     ap.add_argument("--input", default="laplace", choices=INPUTS,
                     help="the tensor (benchmarks.compressors.make_input; 'real': captured gradients, 22 %% zeros)")
+    ap.add_argument("--stages", default="both", choices=("native", "python", "both"),
+                    help="SIDCo's stage loop in C (the default path), in Python, or each in turn")
     args = ap.parse_args(argv)
+    variants = {"native": [""], "python": [":py"], "both": ["", ":py"]}[args.stages]
+    names = [name + v for name in args.compressors.split(",") for v in variants]
     torch.set_num_threads(1)
     if not native.available():
         print("the native kernels are not built: SIDCo and Top-k run their NumPy code, not the host path")
         return 1
     print(f"# SIDCo's cost on the CPU, split by part (thread CPU time, median of {args.repeats}), "
           f"{args.input} input, torch {torch.__version__}, kernels {native.mode()}")
-    print(f"{'entries':>11} {'CF':>5} {'compressor':<12} {'total':>7} {'sample':>7} {'select':>7} "
-          f"{'fits':>7} {'rest':>7} {'/Top-k':>7}")
+    print(f"{'entries':>11} {'CF':>5} {'compressor':<15} {'total':>7} {'sample':>7} {'select':>7} "
+          f"{'fits':>7} {'staged':>7} {'rest':>7} {'/Top-k':>7}")
     for n in (int(s) for s in args.sizes.split(",")):
         t = make_input(args.input, n, 0)
         for cf in (float(c) for c in args.cfs.split(",")):
             ref = breakdown("topk", t, cf, args.repeats)
-            for name in ["topk"] + args.compressors.split(","):
+            for name in ["topk"] + names:
                 ms = ref if name == "topk" else breakdown(name, t, cf, args.repeats)
-                print(f"{n:>11,} {cf:>5g} {name:<12} {ms['total']:>7.3f} {ms['sample']:>7.3f} "
-                      f"{ms['select']:>7.3f} {ms['fits']:>7.3f} {ms['rest']:>7.3f} "
+                print(f"{n:>11,} {cf:>5g} {name:<15} {ms['total']:>7.3f} {ms['sample']:>7.3f} "
+                      f"{ms['select']:>7.3f} {ms['fits']:>7.3f} {ms['staged']:>7.3f} {ms['rest']:>7.3f} "
                       f"{ms['total'] / ref['total']:>6.2f}x", flush=True)
     print("# Top-k's 'fits' column is its exact drop of the surplus candidates")
     return 0

@@ -32,7 +32,7 @@ import numpy as np
 
 __all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "redsync_search",
            "exceedance_moments", "MomentsOf", "abs_sample", "scatter", "gamma_upper_quantile", "stratified_draw",
-           "SLACK"]
+           "sidco_select", "SLACK"]
 
 # Extra slots every output buffer needs after its capacity (whole-vector stores).
 SLACK = 16
@@ -54,6 +54,7 @@ _SIGNATURES = {
     "hg_gamma_upper_quantile": (ctypes.c_double, [ctypes.c_double] * 5 + [ctypes.c_int]),
     "hg_stratified_draw": (None, [_i64, _i64, ctypes.c_uint64, _p, _p]),
     "hg_simd_level": (ctypes.c_int, [ctypes.c_int]),
+    "hg_sidco_select": (_i64, [_p, _i64, _p, _i64, _i64, _p, _p, _p, _i64, _p]),
 }
 
 
@@ -234,6 +235,30 @@ class MomentsOf:
         below = np.nextafter(np.float32(threshold), np.float32(-np.inf))
         _LIB.hg_exceedance_moments(self._ptr, self._x.size, float(below), 0, self._out)
         return self._out[0]
+
+
+def sidco_select(x: np.ndarray, sample: np.ndarray, k: int, settings) -> Tuple[np.ndarray, np.ndarray, dict]:
+    """SIDCo's whole host path after its sample (``SIDCoSelector._staged_on_host`` in C, the same
+    selection): the entries of ``x`` it keeps as ``(idx, val)``, ascending, and what the call did
+    (``threshold``, ``stages``, ``passes``: streaming passes over ``x`` that fitted a stage,
+    ``candidates``: how many were gathered, 0 without a candidate phase).  ``sample``: the float32
+    host sample (``sampling.host_abs_sample``); ``settings``: the selector's settings in the order
+    of ``kernels.c``'s ``HG_S_*`` up to ``HG_S_SIMD`` (``SIDCoSelector._native_settings``).  Both arrays must pass
+    :func:`usable`."""
+    cap = max(0, min(int(k * 1.25) + 64, x.size))
+    idx = _aligned_empty(cap + SLACK, np.int32)
+    val = _aligned_empty(cap + SLACK, np.float32)
+    params = (ctypes.c_double * (len(settings) + 1))(*settings, float(_MODE == "auto"))
+    info = (ctypes.c_double * 4)()
+    count = _LIB.hg_sidco_select(x.ctypes.data, x.size, sample.ctypes.data, sample.size, int(k), params,
+                                 idx.ctypes.data, val.ctypes.data, cap, info)
+    if count < 0:
+        raise MemoryError("horovod_gravac native sidco_select: out of memory")
+    stats = {"threshold": info[0], "stages": int(info[1]), "passes": int(info[2]), "candidates": int(info[3])}
+    if count > cap:   # (ties or NaN beyond the room): the same entries, |x| >= the final threshold
+        idx, val = select(x, info[0], False, count, count)
+        return idx, val, stats
+    return idx[:count], val[:count], stats
 
 
 def abs_sample(x: np.ndarray, size: int, shift: float, phi: float) -> np.ndarray:

@@ -15,6 +15,7 @@ import torch
 from horovod_gravac import native
 from horovod_gravac.compressors import DGCCompressor, RedSyncCompressor, SIDCoCompressor, kept_count
 from horovod_gravac.selection import kernels
+from horovod_gravac.selection.sidco import SIDCoSelector
 from horovod_gravac.compressors.dgc import exceedance_moments, host_abs_sample
 from horovod_gravac.compressors.redsync import redsync_search
 from horovod_gravac.compressors.sidco import (fitted_excess, fitted_excess_host, gamma_upper_quantile,
@@ -167,6 +168,65 @@ def test_fitted_excess_host_equals_torch(distribution, moments, density):
     assert fitted_excess_host(distribution, moments, density) == pytest.approx(float(want), rel=1e-9)
 
 
+def _sidco_inputs():
+    """Tensors that take each branch of SIDCo's host path: the gather of a heavy tail's input from
+    512K entries up and the streaming pass below, embedding-like and half-zero buckets, ties, NaN
+    and inf, a payload of multi-level compression (magnitudes all above a threshold) and a tensor
+    smaller than the sample."""
+    g = torch.Generator().manual_seed(11)
+    rows = torch.zeros(2000, 150)
+    rows[torch.randperm(2000, generator=g)[:40]] = torch.randn(40, 150, generator=g)
+    top = torch.randn(1_000_000, generator=g)
+    payload = top[top.abs() >= top.abs().kthvalue(900_000).values][:90_000]
+    nan = laplace(200_000, 12)
+    nan[17], nan[5_000] = float("nan"), float("inf")
+    torch.manual_seed(13)
+    return {
+        "laplace": laplace(262_144, 14), "normal": torch.randn(600_000, generator=g),
+        "student2-600k": torch.distributions.StudentT(2.0).sample((600_000,)),
+        "student2-262k": torch.distributions.StudentT(2.0).sample((262_144,)),
+        "cauchy": torch.distributions.StudentT(1.0).sample((300_000,)),
+        "embedding": rows.view(-1), "half-zeros": torch.randn(500_000, generator=g) * (torch.rand(500_000, generator=g) > 0.5),
+        "ties": torch.randint(0, 4, (300_000,), generator=g).float(), "nan-inf": nan,
+        "payload": payload, "small": torch.randn(3_000, generator=g),
+    }
+
+
+@needs_native
+def test_sidco_stages_in_c_select_what_the_python_stages_select(native_on, monkeypatch):
+    """``native.sidco_select`` (kernels.c) is ``SIDCoSelector._staged_on_host`` in C: on every input,
+    distribution, CF and stage setting both keep the same entries (bit for bit, in the same order),
+    fit the same number of stages and make the same streaming passes; and the inputs reach each of
+    its branches (a streaming pass, a candidate phase, a selection without one)."""
+    import horovod_gravac.selection.sidco as sidco
+    seen = set()
+    real = native.sidco_select
+
+    def noting(*args, **kwargs):
+        idx, val, done = real(*args, **kwargs)
+        seen.update({"pass"} if done["passes"] else set())
+        seen.add("candidates" if done["candidates"] else "direct")
+        return idx, val, done
+
+    monkeypatch.setattr(native, "sidco_select", noting)
+    for name, t in _sidco_inputs().items():
+        x = t.numpy()
+        for distribution in ("exponential", "gpareto", "gamma"):
+            for cf, stages in [(2, None), (10, None), (12, None), (15, None), (20, None), (50, None),
+                               (300, None), (1000, None), (100, 3), (1000, 1)]:
+                k = max(1, x.size // cf)
+                got = []
+                for in_c in (True, False):
+                    monkeypatch.setattr(sidco, "_NATIVE_STAGES", in_c)
+                    sel = SIDCoSelector(cf, distribution, stages=stages, seed=5)
+                    for step in (3, 4):
+                        sel.set_step(step)
+                        idx, val = sel._select_host(x, k)
+                        got.append((idx.tolist(), val.tobytes(), sel.last_stages, sel.last_passes))
+                assert got[:2] == got[2:], (name, distribution, cf, stages, [(len(g[0]),) + g[2:] for g in got])
+    assert seen == {"pass", "candidates", "direct"}, seen
+
+
 # -- sampling -------------------------------------------------------------------------------------
 @needs_native
 @pytest.mark.parametrize("n,s", [(262_144, 16_384), (100_003, 1000), (6_553_601, 3517), (70_001, 70_000)])
@@ -283,25 +343,30 @@ def test_host_sample_is_stratified_for_every_seed_and_covers_each_stratum_unifor
 
 
 def test_sidco_cost_benchmark_splits_the_time_and_restores_what_it_wraps(capsys):
-    """benchmarks/sidco_cost.py: the sample, the select passes and the fits are each timed, and the
-    native functions and samplers it wraps are put back."""
+    """benchmarks/sidco_cost.py: the sample, the select passes, the fits and SIDCo's native stage
+    call are each timed, both stage loops are run, and what it wraps and switches is put back."""
     import horovod_gravac.selection.sidco as sidco_mod
     import horovod_gravac.selection.topk as topk_mod
     from benchmarks import sidco_cost
-    before = (native.select, native.drop_smallest, native.MomentsOf, sidco_mod.host_abs_sample,
-              topk_mod.host_abs_sample)
+
+    def wrapped():
+        return (native.select, native.drop_smallest, native.MomentsOf, sidco_mod.host_abs_sample,
+                topk_mod.host_abs_sample, native.sidco_select, sidco_mod._NATIVE_STAGES)
+
+    before = wrapped()
     if not native.available():
         pytest.skip("native kernels not built")
     t = torch.distributions.Laplace(0.0, 1.0).sample((300_000,))
-    for name in ("topk", "sidco-exp"):
-        ms = sidco_cost.breakdown(name, t, 1000.0, 5)
-        assert ms["select"] > 0 and ms["sample"] > 0 and ms["fits"] > 0, (name, ms)
+    ms = sidco_cost.breakdown("topk", t, 1000.0, 5)
+    assert ms["select"] > 0 and ms["sample"] > 0 and ms["fits"] > 0 and ms["staged"] == 0, ms
+    ms = sidco_cost.breakdown("sidco-exp", t, 1000.0, 5)   # the stages in C: one native call
+    assert ms["staged"] > 0 and ms["sample"] > 0 and ms["select"] == ms["fits"] == 0, ms
+    ms = sidco_cost.breakdown("sidco-exp:py", t, 1000.0, 5)   # in Python: its passes one by one
+    assert ms["select"] > 0 and ms["sample"] > 0 and ms["fits"] > 0 and ms["staged"] == 0, ms
     assert sidco_cost.main(["--sizes", "300000", "--cfs", "100", "--repeats", "3"]) == 0
     rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("300,000")]
-    assert [r[2] for r in rows] == ["topk", "sidco-exp", "sidco-gamma"]
-    after = (native.select, native.drop_smallest, native.MomentsOf, sidco_mod.host_abs_sample,
-             topk_mod.host_abs_sample)
-    assert after == before
+    assert [r[2] for r in rows] == ["topk", "sidco-exp", "sidco-exp:py", "sidco-gamma", "sidco-gamma:py"]
+    assert wrapped() == before
 
 
 def test_sidco_host_sample_benchmark_compares_both_settings_and_restores_them(capsys):

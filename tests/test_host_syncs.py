@@ -548,11 +548,18 @@ def sidco_passes(monkeypatch):
     import horovod_gravac.native as native
     import horovod_gravac.selection.sidco as sidco
     passes = []
-    real_native, real_torch = native.exceedance_moments, sidco.exceedance_moments
+    real_native, real_torch, real_staged = native.exceedance_moments, sidco.exceedance_moments, native.sidco_select
     monkeypatch.setattr(native, "exceedance_moments",
                         lambda x, *a, **kw: passes.append(x.size) or real_native(x, *a, **kw))
     monkeypatch.setattr(sidco, "exceedance_moments",
                         lambda x, *a, **kw: passes.append(x.numel()) or real_torch(x, *a, **kw))
+
+    def staged(x, *args, **kwargs):   # the CPU host path's stages in C: the passes it reports
+        idx, val, done = real_staged(x, *args, **kwargs)
+        passes.extend([x.size] * done["passes"])
+        return idx, val, done
+
+    monkeypatch.setattr(native, "sidco_select", staged)
     return passes
 
 

@@ -779,3 +779,382 @@ HG_CLONES void hg_stratified_draw(int64_t n, int64_t k, uint64_t key, int32_t *o
         start += width;
     }
 }
+
+/* -- SIDCo's host path: stages, fits, refinement rounds and selection in one call -------------- */
+
+/* SIDCoSelector._staged_on_host (selection/sidco.py) for the CPU host path, step for step and in
+ * the same double arithmetic, so that both select the same entries (tests/test_host_path.py runs
+ * both on the same inputs and compares them).  In Python its few hundred scalar operations, the
+ * ten-odd ctypes calls and the NumPy arrays between them cost 0.06-0.1 ms a call: as much as the
+ * selection pass of a 1M-entry bucket, and the part of SIDCo's cost its definition does not ask for.
+ * The accelerators' host fits keep the Python version (their passes and gathers run on the device).
+ *
+ * Python's min and max are hg_pymin/hg_pymax; Python's own functions come in as the same
+ * computation: lgamma from the C library (CPython's math.lgamma differs from it in the last bits,
+ * so only the gamma fit's stage 1 can differ, by an ulp of its threshold) and the normal quantile
+ * as Wichura's AS241, which is what statistics.NormalDist.inv_cdf evaluates. */
+
+enum { HG_EXPONENTIAL = 0, HG_GPARETO = 1, HG_GAMMA = 2 };
+
+/* The settings, in the order SIDCoSelector._native_settings writes them (HG_S_SIMD: native.sidco_select). */
+enum {
+    HG_S_DIST, HG_S_STAGES, HG_S_FIRST, HG_S_STAGE_DENSITY, HG_S_COMPACT, HG_S_REFINE, HG_S_TOLERANCE,
+    HG_S_REFINE_HITS, HG_S_TRUST_HITS, HG_S_FIT_MIN, HG_S_DEEP_MIN, HG_S_GATHER_MIN, HG_S_CANDIDATE_FITS,
+    HG_S_TINY, HG_S_SIMD, HG_S_COUNT
+};
+
+typedef struct { double m, s1, s2; } hg_moments;
+
+/* One fitted stage: its base, the moments and density it was fitted with, its distribution, and
+ * how many sampled entries its input held. */
+typedef struct { double base; hg_moments mo; double density; int dist; double held; } hg_fit;
+
+HG_NO_CONTRACT static double hg_normal_quantile(double p) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    /* Wichura (1988), AS241 PPND16: the inverse of the standard normal CDF. */
+    double q = p - 0.5, r, num, den, x;
+    if (fabs(q) <= 0.425) {
+        r = 0.180625 - q * q;
+        num = (((((((2.5090809287301226727e+3 * r + 3.3430575583588128105e+4) * r +
+                    6.7265770927008700853e+4) * r + 4.5921953931549871457e+4) * r +
+                  1.3731693765509461125e+4) * r + 1.9715909503065514427e+3) * r +
+                1.3314166789178437745e+2) * r + 3.3871328727963666080e+0) * q;
+        den = (((((((5.2264952788528545610e+3 * r + 2.8729085735721942674e+4) * r +
+                    3.9307895800092710610e+4) * r + 2.1213794301586595867e+4) * r +
+                  5.3941960214247511077e+3) * r + 6.8718700749205790830e+2) * r +
+                4.2313330701600911252e+1) * r + 1.0);
+        return num / den;
+    }
+    r = q <= 0.0 ? p : 1.0 - p;
+    r = sqrt(-log(r));
+    if (r <= 5.0) {
+        r = r - 1.6;
+        num = (((((((7.7454501427834140764e-4 * r + 2.2723844989269184583e-2) * r +
+                    2.4178072517745061177e-1) * r + 1.2704582524523683826e+0) * r +
+                  3.6478483247632046050e+0) * r + 5.7694972214606914055e+0) * r +
+                4.6303378461565452959e+0) * r + 1.4234371107496835773e+0);
+        den = (((((((1.05075007164441684324e-9 * r + 5.4759380849953449460e-4) * r +
+                    1.5198666563616457197e-2) * r + 1.4810397642748007459e-1) * r +
+                  6.8976733498510000455e-1) * r + 1.6763848301838038494e+0) * r +
+                2.0531916266377588219e+0) * r + 1.0);
+    } else {
+        r = r - 5.0;
+        num = (((((((2.01033439929228813265e-7 * r + 2.71155556874348757815e-5) * r +
+                    1.2426609473880784386e-3) * r + 2.6532189526576123093e-2) * r +
+                  2.9656057182850489123e-1) * r + 1.7848265399172913358e+0) * r +
+                5.4637849111641143699e+0) * r + 6.6579046435011037772e+0);
+        den = (((((((2.04426310338993978564e-15 * r + 1.4215117583164458887e-7) * r +
+                    1.8463183175100546818e-5) * r + 7.8686913114561329059e-4) * r +
+                  1.4875361290850614852e-2) * r + 1.3692988092273580531e-1) * r +
+                5.9983220655588793769e-1) * r + 1.0);
+    }
+    x = num / den;
+    return q < 0.0 ? -x : x;
+}
+
+static double hg_lgamma(double a) {
+#if defined(__GLIBC__)
+    int sign;
+    return lgamma_r(a, &sign);   /* (lgamma writes the global signgam: not thread-safe) */
+#else
+    return lgamma(a);
+#endif
+}
+
+/* fits.fitted_excess_host */
+HG_NO_CONTRACT static double hg_fitted_excess(int dist, hg_moments mo, double density) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    double m = hg_pymax(mo.m, 1.0);
+    double mean = mo.s1 / m;
+    double var = hg_pymax(mo.s2 / m - mean * mean, 1e-12 * mean * mean + 1e-300);
+    density = hg_pymin(hg_pymax(density, 1e-300), 1.0);
+    double log_d = log(density);
+    if (dist == HG_EXPONENTIAL) return -mean * log_d;
+    double ratio = hg_pymin(hg_pymax(mean * mean / var, 1e-4), 1e4);
+    if (dist == HG_GPARETO) {
+        double xi = 0.5 * (1.0 - ratio);
+        double sigma = 0.5 * mean * (1.0 + ratio);
+        if (fabs(xi) < 1e-8) return -sigma * log_d;
+        return sigma * expm1(-xi * log_d) / xi;
+    }
+    double alpha = hg_pymin(hg_pymax(ratio, 0.01), 1e4);
+    double beta = var / hg_pymax(mean, 1e-300);
+    if (density >= 1.0) return 0.0;
+    /* fits.gamma_upper_quantile_host */
+    double d = hg_pymin(hg_pymax(density, 1e-300), 1.0 - 1e-12);
+    return beta * hg_gamma_upper_quantile(alpha, d, hg_lgamma(alpha), hg_lgamma(alpha + 1.0),
+                                          -hg_normal_quantile(d), 8 /* fits._NEWTON_STEPS */);
+}
+
+/* The excess moments of v[0:c] over t (one native pass, as native.MomentsOf), weighed by w. */
+static hg_moments hg_moments_over(const float *v, int64_t c, double t, int squares, double w) {
+    double out[3];
+    hg_exceedance_moments(v, c, (float)t, squares, out);
+    hg_moments mo = {out[0] * w, out[1] * w, out[2] * w};
+    return mo;
+}
+
+/* How many of v[0:c] have |v| >= t, weighed by w (native.MomentsOf.count_at_least). */
+static double hg_count_at_least(const float *v, int64_t c, float t, double w) {
+    double out[3];
+    hg_exceedance_moments(v, c, nextafterf(t, -INFINITY), 0, out);
+    return out[0] * w;
+}
+
+/* SIDCoSelector._refine_host over the counts of v[0:c] weighed by w. */
+HG_NO_CONTRACT static double hg_sidco_refine(const double *set, const float *v, int64_t c, double w, double k,
+                                             double threshold, const hg_fit *fit) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    double tol = set[HG_S_TOLERANCE];
+    double few = k * (1.0 - tol), many = k * (1.0 + tol);
+    double log_k = log(k);
+    double log_d = log(hg_pymax(fit->density, 1e-300));
+    double prev_log_d = 0.0, prev_log_kept = 0.0, too_few = 0.0, too_many = 0.0;
+    int have_prev = 0, have_few = 0, have_many = 0;
+    for (int round = 0; round < (int)set[HG_S_REFINE]; round++) {
+        float at = (float)hg_pymax(threshold, set[HG_S_TINY]);
+        double kept = hg_pymax(hg_count_at_least(v, c, at, w), 0.5);
+        if (few <= kept && kept <= many) break;
+        if (kept < few) {
+            too_few = have_few ? hg_pymax(too_few, log_d) : log_d;
+            have_few = 1;
+        } else {
+            too_many = have_many ? hg_pymin(too_many, log_d) : log_d;
+            have_many = 1;
+        }
+        double log_kept = log(kept);
+        if (have_few && have_many) {
+            log_d = 0.5 * (too_few + too_many);
+        } else {
+            double slope = 1.0;
+            if (have_prev && log_d != prev_log_d) {
+                slope = (log_kept - prev_log_kept) / (log_d - prev_log_d);
+                slope = hg_pymin(hg_pymax(slope, 0.3), 3.0);
+            }
+            double step = hg_pymin(hg_pymax((log_k - log_kept) / slope, -3.0), 3.0);
+            prev_log_d = log_d;
+            prev_log_kept = log_kept;
+            have_prev = 1;
+            log_d = hg_pymin(log_d + step, 0.0);
+        }
+        threshold = fit->base + hg_fitted_excess(fit->dist, fit->mo, exp(log_d));
+    }
+    return threshold;
+}
+
+/* The entries of x with |x| >= t (native.select's gather, its buffers grown to fit): returns the
+ * count, or -1 when out of memory. */
+static int64_t hg_gather(const float *x, int64_t n, float t, double expected, int simd,
+                         int32_t **idx, float **val, int64_t *room) {
+    int64_t cap = (int64_t)(expected * 1.5) + 64;
+    cap = cap < n ? cap : n;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (cap + 16 > *room) {
+            free(*idx);
+            free(*val);
+            *room = cap + 16;
+            *idx = malloc((size_t)*room * sizeof(int32_t));
+            *val = malloc((size_t)*room * sizeof(float));
+            if (!*idx || !*val) return -1;
+        }
+        int64_t c = hg_select(x, n, t, 0, expected / (double)(n > 1 ? n : 1), *idx, *val, cap, simd);
+        if (c <= cap) return c;
+        cap = c;   /* the pass counted them: once more with room for all */
+        expected = (double)c;
+    }
+    return -1;
+}
+
+/* The latest fit whose input held at least `hits` sampled entries (else stage 1's): a refinement
+ * on the sample's counts goes there (see SIDCoSelector._staged_on_host's refit). */
+static const hg_fit *hg_latest_fit(const hg_fit *fits, int64_t nfits, double hits) {
+    for (int64_t j = nfits - 1; j >= 0; j--)
+        if (fits[j].held >= hits) return &fits[j];
+    return &fits[0];
+}
+
+/* Returns the size of the selection and writes as much of it as fits in out_idx/out_val (cap
+ * entries: the caller selects again from x at info[0] when it is larger), or -1 when out of memory.
+ * info: [0] the final threshold (a float), [1] the stages fitted, [2] the streaming passes over x
+ * that fitted a stage, [3] the candidates gathered (0 without a candidate phase). */
+HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *sample, int64_t s, int64_t k,
+                                       const double *set, int32_t *out_idx, float *out_val, int64_t cap,
+                                       double *info) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    int dist1 = (int)set[HG_S_DIST];
+    int64_t fixed = (int64_t)set[HG_S_STAGES];
+    int adaptive = fixed == 0, refine = (int)set[HG_S_REFINE] > 0, simd = (int)set[HG_S_SIMD];
+    int squares = dist1 != HG_EXPONENTIAL;
+    int later = dist1 == HG_GAMMA ? HG_GPARETO : dist1;   /* SIDCoSelector._stage_dist */
+    double tiny = set[HG_S_TINY], tol = set[HG_S_TOLERANCE], sd = set[HG_S_STAGE_DENSITY];
+    double dk = (double)k, dn = (double)n;
+    int64_t result = -1, stage = 1, passes = 0, mcount = 0, room = 0, plan_len = 0, nfits = 0;
+    int32_t *cidx = NULL;
+    float *cval = NULL, *strided = NULL;
+    double *plan = NULL;
+    hg_fit *fits = NULL;
+    double final_t = 0.0;
+
+    /* the stage plan (SIDCoSelector._plan), at most 64 + log(n) / log(1 / stage_density) long */
+    int64_t most = adaptive ? 64 + (int64_t)(log(dn + 1.0) / -log(sd > 0.0 && sd < 1.0 ? sd : 0.5)) + 2 : fixed;
+    plan = malloc((size_t)(most + 1) * sizeof(double));
+    fits = malloc((size_t)(most + 2) * sizeof(hg_fit));
+    if (!plan || !fits) goto done;
+    if (!adaptive) {
+        for (int64_t j = 1; j <= fixed; j++) plan[plan_len++] = dn * pow(dk / dn, (double)j / (double)fixed);
+    } else if (set[HG_S_FIRST] * dn <= dk) {
+        plan[plan_len++] = sqrt((double)(n * k));
+        plan[plan_len++] = dk;
+    } else {
+        double target = set[HG_S_FIRST] * dn;
+        while (target > dk * (1.0 + 1e-9) && plan_len < most) {
+            plan[plan_len++] = target;
+            target *= sd;
+        }
+        plan[plan_len++] = dk;
+    }
+    /* the sample's minimum (NaN when it holds one, as NumPy's), and the stages that would keep every
+     * nonzero left out */
+    double base = sample[0];
+    for (int64_t i = 1; i < s; i++) {
+        if (isnan(base)) break;
+        double v = sample[i];
+        base = isnan(v) || v < base ? v : base;
+    }
+    if (base == 0.0) {
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < s; i++) nonzero += sample[i] != 0.0f;
+        double nonzeros = (double)(n * nonzero) / (double)s;
+        int64_t kept = 0;
+        for (int64_t j = 0; j < plan_len; j++)
+            if (plan[j] < nonzeros) plan[kept++] = plan[j];
+        if (kept == 0) plan[kept++] = dk;
+        plan_len = kept;
+    }
+    double scale = dn / (double)s;
+    double hits_k = (double)(k * s) / dn;   /* k's share of the sample */
+    hg_moments mo = hg_moments_over(sample, s, base, squares, 1.0);
+    double density = hg_pymin(plan[0] / hg_pymax(mo.m * scale, 1.0), 1.0);
+    fits[nfits++] = (hg_fit){base, mo, density, dist1, mo.m};
+    double threshold = base + hg_fitted_excess(dist1, mo, density);
+#define HG_REFIT(HITS, T) hg_sidco_refine(set, sample, s, 1.0, (HITS), (T), hg_latest_fit(fits, nfits, (HITS)))
+    if (adaptive && refine) threshold = HG_REFIT(plan[0] / scale, threshold);
+    while (stage < plan_len) {
+        mo = hg_moments_over(sample, s, threshold, squares, 1.0);
+        double held = s < n ? mo.m : 0.0;
+        int on_sample;
+        if (adaptive && refine && stage == plan_len - 1 && s < n && hits_k < set[HG_S_REFINE_HITS]) break;
+        if (plan[stage - 1] > set[HG_S_COMPACT] * dn) {
+            if (s < n && held < set[HG_S_FIT_MIN] && dn >= set[HG_S_GATHER_MIN]) break;
+            on_sample = held >= set[HG_S_FIT_MIN];
+        } else if (adaptive && stage < plan_len - 1 && held >= set[HG_S_DEEP_MIN]) {
+            on_sample = 1;
+        } else {
+            break;
+        }
+        if (on_sample) {
+            mo.m *= scale;
+            mo.s1 *= scale;
+            mo.s2 *= scale;
+        } else {
+            mo = hg_moments_over(x, n, threshold, squares, 1.0);
+            passes++;
+        }
+        double target = plan[stage];
+        stage++;
+        int dist = stage > 1 ? later : dist1;
+        density = hg_pymin(target / hg_pymax(mo.m, 1.0), 1.0);
+        fits[nfits++] = (hg_fit){threshold, mo, density, dist, mo.m / scale};
+        threshold = threshold + hg_fitted_excess(dist, mo, density);
+    }
+    int checked = 0;
+    if (stage == plan_len) {
+        if (adaptive && refine && hits_k >= set[HG_S_REFINE_HITS]) {
+            threshold = HG_REFIT(hits_k, threshold);
+            checked = s < n && hits_k < set[HG_S_TRUST_HITS];
+        }
+        if (!checked) {   /* the selection itself, from x */
+            final_t = (float)hg_pymax(threshold, tiny);
+            result = hg_select(x, n, (float)final_t, 0, dk / dn, out_idx, out_val, cap < n ? cap : n, simd);
+            goto done;
+        }
+    }
+    /* the candidate phase */
+    double gather_t = (float)hg_pymax(threshold, tiny);
+    mcount = hg_gather(x, n, (float)gather_t, plan[stage - 1], simd, &cidx, &cval, &room);
+    if (mcount < 0) goto done;
+    double slack = checked ? 2.0 * tol : tol;
+    int all = checked && dk * (1.0 - slack) <= (double)mcount && (double)mcount <= dk * (1.0 + slack);
+    if (!all && (double)mcount < dk * (1.0 - slack) && adaptive && refine && s < n) {
+        /* the last stage fitted on the sample overshot: ask the fits for 2k and gather again */
+        threshold = HG_REFIT(2.0 * dk * (double)s / dn, threshold);
+        gather_t = (float)hg_pymax(threshold, tiny);
+        mcount = hg_gather(x, n, (float)gather_t, (double)(2 * k), simd, &cidx, &cval, &room);
+        if (mcount < 0) goto done;
+    }
+#undef HG_REFIT
+    if (all || mcount <= k) {   /* the candidates are the selection */
+        final_t = gather_t;
+        result = mcount;
+        if (mcount <= cap) {
+            memcpy(out_idx, cidx, (size_t)mcount * sizeof(int32_t));
+            memcpy(out_val, cval, (size_t)mcount * sizeof(float));
+        }
+        goto done;
+    }
+    /* fits and counts on every stride-th candidate (all of them up to CANDIDATE_FITS), weighed up */
+    int64_t limit = (int64_t)set[HG_S_CANDIDATE_FITS];
+    int64_t stride = (mcount + limit - 1) / limit;
+    stride = stride > 1 ? stride : 1;
+    const float *values = cval;
+    int64_t nvalues = mcount;
+    if (stride > 1) {
+        nvalues = (mcount + stride - 1) / stride;
+        strided = malloc((size_t)nvalues * sizeof(float));
+        if (!strided) goto done;
+        for (int64_t j = 0; j < nvalues; j++) strided[j] = cval[j * stride];
+        values = strided;
+    }
+    double w = (double)stride;
+    int64_t rest = 0;
+    if (adaptive) {
+        rest = (int64_t)ceil(log(dk / (double)mcount) / log(sd));
+        rest = rest > 1 ? rest : 1;
+    }
+    int64_t count = adaptive ? rest : plan_len - stage;
+    hg_fit last = fits[0];
+    for (int64_t j = 1; j <= count; j++) {
+        double target = adaptive ? (double)mcount * pow(dk / (double)mcount, (double)j / (double)rest)
+                                 : plan[stage];
+        stage++;
+        mo = hg_moments_over(values, nvalues, threshold, squares, w);
+        density = hg_pymin(target / hg_pymax(mo.m, 1.0), 1.0);
+        last = (hg_fit){threshold, mo, density, stage > 1 ? later : dist1, 0.0};
+        threshold = threshold + hg_fitted_excess(last.dist, mo, density);
+    }
+    if (adaptive && refine) threshold = hg_sidco_refine(set, values, nvalues, w, dk, threshold, &last);
+    final_t = (float)hg_pymax(threshold, tiny);
+    result = hg_select(cval, mcount, (float)final_t, 0, dk / (double)mcount, out_idx, out_val,
+                       cap < mcount ? cap : mcount, simd);
+    if (result <= cap)
+        for (int64_t j = 0; j < result; j++) out_idx[j] = cidx[out_idx[j]];
+done:
+    info[0] = final_t;
+    info[1] = (double)stage;
+    info[2] = (double)passes;
+    info[3] = (double)mcount;
+    free(plan);
+    free(fits);
+    free(cidx);
+    free(cval);
+    free(strided);
+    return result;
+}

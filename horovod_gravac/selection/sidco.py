@@ -142,6 +142,12 @@ _GATHER_NOT_PASS_MIN = 1 << 19
 # bucket sizes, benchmarks/sidco_device_sample.py; the CPU's fits are native passes).
 _CANDIDATE_FITS = 1 << 16
 _DEVICE_CANDIDATE_FITS = 1 << 15
+# The CPU host path runs its stages in C (``native.sidco_select``: ``_staged_on_host`` step for step,
+# the same selection) rather than in Python, where the scalar work between the native passes cost
+# 0.06-0.1 ms a call, as much as the selection pass of a 1M-entry bucket.  Tests and benchmarks turn
+# it off to run the Python version on the same inputs.
+_NATIVE_STAGES = True
+_DIST_CODES = {"exponential": 0, "gpareto": 1, "gamma": 2}   # (kernels.c's HG_EXPONENTIAL ...)
 
 
 class SIDCoSelector(ThresholdSelector):
@@ -196,6 +202,7 @@ class SIDCoSelector(ThresholdSelector):
         self.refine = refine
         self.tolerance = check_fraction(tolerance, "tolerance", 0.0, 0.5)
         self.last_stages = 0
+        self.last_passes = 0   # streaming passes over the tensor that fitted a stage (host fits)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(cf={self.cf:g}, distribution={self.distribution!r}, "
@@ -402,8 +409,12 @@ class SIDCoSelector(ThresholdSelector):
           (``hg_exceedance_moments``), and the kept candidates are gathered by the select
           pass; the NumPy array operations they replace cost as much as the selection pass
           itself at bucket sizes."""
-        squares = self.distribution != "exponential"
         sample = host_abs_sample(x, _tiling_sample_size(x.size), self._host_generator())
+        if _NATIVE_STAGES:
+            idx, val, done = native.sidco_select(x, sample, k, self._native_settings())
+            self.last_stages, self.last_passes = done["stages"], done["passes"]
+            return idx, val
+        squares = self.distribution != "exponential"
 
         def gather(threshold, expected, final):
             if final:
@@ -423,6 +434,13 @@ class SIDCoSelector(ThresholdSelector):
                                     lambda threshold: native.exceedance_moments(x, threshold, squares),
                                     gather, finish, count=lambda c: c[0].size)
 
+    def _native_settings(self) -> tuple:
+        """This selector's settings and the module's host-path constants, as ``native.sidco_select``
+        takes them (read per call: benchmarks/sidco_host_sample.py varies the constants)."""
+        return (_DIST_CODES[self.distribution], self.stages or 0, self.first_density, self.stage_density,
+                self.compact_density, self.refine, self.tolerance, _SAMPLE_REFINE_HITS, _SAMPLE_TRUST_HITS,
+                _SAMPLE_FIT_MIN, _SAMPLE_DEEP_MIN, _GATHER_NOT_PASS_MIN, _CANDIDATE_FITS, float(TINY))
+
     def _staged_on_host(self, n: int, k: int, sample: np.ndarray, pass_moments, gather, finish, count):
         """The stages, fits and refinement rounds of :meth:`_select` with host scalars, shared by
         the CPU host path and the accelerators' ``device_fits="host"``; what touches the
@@ -437,8 +455,17 @@ class SIDCoSelector(ThresholdSelector):
           candidate phase's fits and counts then weigh by ``stride``;
         * ``finish(candidates, t)``: the candidates ``>= t``, the selection (all of them for
           ``t=None``);
-        * ``count(candidates)``: how many were gathered."""
+        * ``count(candidates)``: how many were gathered.
+
+        ``kernels.c``'s ``hg_sidco_select`` is this function in C for the CPU host path: a change
+        here goes there too (``tests/test_host_path.py`` compares the two)."""
         squares = self.distribution != "exponential"
+        self.last_passes = 0
+
+        def counted(threshold):
+            self.last_passes += 1
+            return pass_moments(threshold)
+
         s = sample.size
         plan = self._plan(n, k)
         # Zeros are never kept and no fit sees them, so a stage planned to keep at least as many
@@ -497,7 +524,7 @@ class SIDCoSelector(ThresholdSelector):
             if on_sample:
                 moments = tuple(v * scale for v in moments)
             else:   # too few sampled, in a small tensor: a streaming pass
-                moments = pass_moments(threshold)
+                moments = counted(threshold)
             target = plan[stage]
             stage += 1
             density = min(target / max(moments[0], 1.0), 1.0)
