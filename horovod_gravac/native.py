@@ -241,7 +241,8 @@ def sidco_select(x: np.ndarray, sample: np.ndarray, k: int, settings) -> Tuple[n
     """SIDCo's whole host path after its sample (``SIDCoSelector._staged_on_host`` in C, the same
     selection): the entries of ``x`` it keeps as ``(idx, val)``, ascending, and what the call did
     (``threshold``, ``stages``, ``passes``: streaming passes over ``x`` that fitted a stage,
-    ``candidates``: how many were gathered, 0 without a candidate phase).  ``sample``: the float32
+    ``candidates``: how many were gathered, 0 without a candidate phase, ``gathers``: how many
+    times, a select pass over ``x`` each).  ``sample``: the float32
     host sample (``sampling.host_abs_sample``); ``settings``: the selector's settings in the order
     of ``kernels.c``'s ``HG_S_*`` up to ``HG_S_SIMD`` (``SIDCoSelector._native_settings``).  Both arrays must pass
     :func:`usable`."""
@@ -249,12 +250,13 @@ def sidco_select(x: np.ndarray, sample: np.ndarray, k: int, settings) -> Tuple[n
     idx = _aligned_empty(cap + SLACK, np.int32)
     val = _aligned_empty(cap + SLACK, np.float32)
     params = (ctypes.c_double * (len(settings) + 1))(*settings, float(_MODE == "auto"))
-    info = (ctypes.c_double * 4)()
+    info = (ctypes.c_double * 5)()
     count = _LIB.hg_sidco_select(x.ctypes.data, x.size, sample.ctypes.data, sample.size, int(k), params,
                                  idx.ctypes.data, val.ctypes.data, cap, info)
     if count < 0:
         raise MemoryError("horovod_gravac native sidco_select: out of memory")
-    stats = {"threshold": info[0], "stages": int(info[1]), "passes": int(info[2]), "candidates": int(info[3])}
+    stats = {"threshold": info[0], "stages": int(info[1]), "passes": int(info[2]), "candidates": int(info[3]),
+             "gathers": int(info[4])}
     if count > cap:   # (ties or NaN beyond the room): the same entries, |x| >= the final threshold
         idx, val = select(x, info[0], False, count, count)
         return idx, val, stats

@@ -800,7 +800,7 @@ enum { HG_EXPONENTIAL = 0, HG_GPARETO = 1, HG_GAMMA = 2 };
 enum {
     HG_S_DIST, HG_S_STAGES, HG_S_FIRST, HG_S_STAGE_DENSITY, HG_S_COMPACT, HG_S_REFINE, HG_S_TOLERANCE,
     HG_S_REFINE_HITS, HG_S_TRUST_HITS, HG_S_FIT_MIN, HG_S_DEEP_MIN, HG_S_GATHER_MIN, HG_S_CANDIDATE_FITS,
-    HG_S_TINY, HG_S_SIMD, HG_S_COUNT
+    HG_S_GATHER_AT_LEAST, HG_S_TINY, HG_S_SIMD, HG_S_COUNT
 };
 
 typedef struct { double m, s1, s2; } hg_moments;
@@ -982,7 +982,8 @@ static const hg_fit *hg_latest_fit(const hg_fit *fits, int64_t nfits, double hit
 /* Returns the size of the selection and writes as much of it as fits in out_idx/out_val (cap
  * entries: the caller selects again from x at info[0] when it is larger), or -1 when out of memory.
  * info: [0] the final threshold (a float), [1] the stages fitted, [2] the streaming passes over x
- * that fitted a stage, [3] the candidates gathered (0 without a candidate phase). */
+ * that fitted a stage, [3] the candidates gathered (0 without a candidate phase), [4] how many times
+ * they were gathered (a select pass over x each: 0, 1, or 2 after an overshoot). */
 HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *sample, int64_t s, int64_t k,
                                        const double *set, int32_t *out_idx, float *out_val, int64_t cap,
                                        double *info) {
@@ -996,7 +997,7 @@ HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *s
     int later = dist1 == HG_GAMMA ? HG_GPARETO : dist1;   /* SIDCoSelector._stage_dist */
     double tiny = set[HG_S_TINY], tol = set[HG_S_TOLERANCE], sd = set[HG_S_STAGE_DENSITY];
     double dk = (double)k, dn = (double)n;
-    int64_t result = -1, stage = 1, passes = 0, mcount = 0, room = 0, plan_len = 0, nfits = 0;
+    int64_t result = -1, stage = 1, passes = 0, gathers = 0, mcount = 0, room = 0, plan_len = 0, nfits = 0;
     int32_t *cidx = NULL;
     float *cval = NULL, *strided = NULL;
     double *plan = NULL;
@@ -1052,10 +1053,16 @@ HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *s
         double held = s < n ? mo.m : 0.0;
         int on_sample;
         if (adaptive && refine && stage == plan_len - 1 && s < n && hits_k < set[HG_S_REFINE_HITS]) break;
+        int deep = adaptive && stage < plan_len - 1 && held >= set[HG_S_DEEP_MIN]
+                   && plan[stage] >= set[HG_S_GATHER_AT_LEAST] * dk;
         if (plan[stage - 1] > set[HG_S_COMPACT] * dn) {
-            if (s < n && held < set[HG_S_FIT_MIN] && dn >= set[HG_S_GATHER_MIN]) break;
-            on_sample = held >= set[HG_S_FIT_MIN];
-        } else if (adaptive && stage < plan_len - 1 && held >= set[HG_S_DEEP_MIN]) {
+            if (deep) {
+                on_sample = 1;
+            } else {
+                if (s < n && held < set[HG_S_FIT_MIN] && dn >= set[HG_S_GATHER_MIN]) break;
+                on_sample = held >= set[HG_S_FIT_MIN];
+            }
+        } else if (deep) {
             on_sample = 1;
         } else {
             break;
@@ -1090,6 +1097,7 @@ HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *s
     /* the candidate phase */
     double gather_t = (float)hg_pymax(threshold, tiny);
     mcount = hg_gather(x, n, (float)gather_t, plan[stage - 1], simd, &cidx, &cval, &room);
+    gathers++;
     if (mcount < 0) goto done;
     double slack = checked ? 2.0 * tol : tol;
     int all = checked && dk * (1.0 - slack) <= (double)mcount && (double)mcount <= dk * (1.0 + slack);
@@ -1098,6 +1106,7 @@ HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *s
         threshold = HG_REFIT(2.0 * dk * (double)s / dn, threshold);
         gather_t = (float)hg_pymax(threshold, tiny);
         mcount = hg_gather(x, n, (float)gather_t, (double)(2 * k), simd, &cidx, &cval, &room);
+        gathers++;
         if (mcount < 0) goto done;
     }
 #undef HG_REFIT
@@ -1151,6 +1160,7 @@ done:
     info[1] = (double)stage;
     info[2] = (double)passes;
     info[3] = (double)mcount;
+    info[4] = (double)gathers;
     free(plan);
     free(fits);
     free(cidx);
