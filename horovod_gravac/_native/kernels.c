@@ -1030,10 +1030,11 @@ HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *s
         double v = sample[i];
         base = isnan(v) || v < base ? v : base;
     }
+    double nonzeros = dn;
     if (base == 0.0) {
         int64_t nonzero = 0;
         for (int64_t i = 0; i < s; i++) nonzero += sample[i] != 0.0f;
-        double nonzeros = (double)(n * nonzero) / (double)s;
+        nonzeros = (double)(n * nonzero) / (double)s;
         int64_t kept = 0;
         for (int64_t j = 0; j < plan_len; j++)
             if (plan[j] < nonzeros) plan[kept++] = plan[j];
@@ -1042,6 +1043,11 @@ HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *s
     }
     double scale = dn / (double)s;
     double hits_k = (double)(k * s) / dn;   /* k's share of the sample */
+    /* the candidates of a last stage fitted on them planned at GATHER_AT_LEAST k at least */
+    double raised = set[HG_S_GATHER_AT_LEAST] * dk;
+    if (adaptive && refine && s < n && hits_k < set[HG_S_REFINE_HITS] && plan_len >= 3
+        && plan[plan_len - 2] < raised && raised < plan[plan_len - 3] && raised < nonzeros)
+        plan[plan_len - 2] = raised;
     hg_moments mo = hg_moments_over(sample, s, base, squares, 1.0);
     double density = hg_pymin(plan[0] / hg_pymax(mo.m * scale, 1.0), 1.0);
     fits[nfits++] = (hg_fit){base, mo, density, dist1, mo.m};
@@ -1053,8 +1059,7 @@ HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *s
         double held = s < n ? mo.m : 0.0;
         int on_sample;
         if (adaptive && refine && stage == plan_len - 1 && s < n && hits_k < set[HG_S_REFINE_HITS]) break;
-        int deep = adaptive && stage < plan_len - 1 && held >= set[HG_S_DEEP_MIN]
-                   && plan[stage] >= set[HG_S_GATHER_AT_LEAST] * dk;
+        int deep = adaptive && stage < plan_len - 1 && held >= set[HG_S_DEEP_MIN];
         if (plan[stage - 1] > set[HG_S_COMPACT] * dn) {
             if (deep) {
                 on_sample = 1;

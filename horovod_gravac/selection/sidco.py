@@ -58,7 +58,8 @@ each) and there are no refinement rounds: SIDCo with a fixed stage count.
 With the defaults, CF 10 costs a sample, one statistics pass and the selection
 pass; CF 100 and 1000 cost a sample, two statistics passes, the candidate gather
 (at ~1.6 % density) and work proportional to the candidates.  (The CPU host path fits
-those stages on its sample instead of passes, and gathers deeper: see ``_select_host``.)
+those stages on its sample instead of passes, gathers deeper, and runs its stages in C: see
+``_select_host``.)
 
 Where the fits run (tensors that do not take the CPU host path: a GPU's, or the CPU's
 without the native kernels), ``device_fits``:
@@ -128,7 +129,8 @@ _SAMPLE_FIT_MIN = 400
 # they are gathered nearer k: at CF 1000 at 0.4 % of the tensor instead of 1.6 %, where the
 # selection pass costs about a third less.
 _SAMPLE_DEEP_MIN = 100
-# ... but only for a stage that plans to keep at least this many times k (see _staged_on_host).
+# When the last stage is fitted on the candidates, they are planned at least this many times k
+# (see _staged_on_host).
 _GATHER_AT_LEAST = 3.0
 # Host path: a large stage with fewer than _SAMPLE_FIT_MIN sampled entries is gathered as the
 # candidates from this many entries up, and fitted on a streaming pass below.  The candidate phase
@@ -400,17 +402,21 @@ class SIDCoSelector(ThresholdSelector):
         The fit of a sample estimates the same moments, and the exact counts of the candidate
         phase and the refinement rounds correct what it misses.
 
-        Two differences in where the work happens, not in what is computed:
+        Three differences in where the work happens, not in what is computed:
 
-        * with the adaptive plan, a stage past ``compact_density`` that is not the last is
-          still fitted on the sample while the sample holds ``_SAMPLE_DEEP_MIN`` (100) of its
-          input, so at CF 1000 the candidates are gathered at 0.4 % of the tensor rather than
-          1.6 % (the selection pass costs more the more it keeps; SIDCo went from 1.4x to
-          1.2x exact Top-k at 6.5M entries);
+        * with the adaptive plan, a stage that is not the last is still fitted on the sample while
+          the sample holds ``_SAMPLE_DEEP_MIN`` (100) of its input, so at CF 1000 the candidates
+          are gathered at 0.4 % of the tensor rather than 1.6 % (the selection pass costs more
+          the more it keeps; SIDCo went from 1.4x to 1.2x exact Top-k at 6.5M entries), and
+          at least ``_GATHER_AT_LEAST`` (3) k of them are planned;
         * every fit and count, on the sample and on the candidates, is one native pass
           (``hg_exceedance_moments``), and the kept candidates are gathered by the select
           pass; the NumPy array operations they replace cost as much as the selection pass
-          itself at bucket sizes."""
+          itself at bucket sizes;
+        * after the sample, the whole of :meth:`_staged_on_host` runs in C
+          (``native.sidco_select``, ``_NATIVE_STAGES``): the same selection, without 0.06-0.1 ms
+          of Python a call between the native passes (at 1M entries and CF 1000 SIDCo went from
+          1.28x to 0.95x exact Top-k, ``benchmarks/sidco_cost.py``)."""
         sample = host_abs_sample(x, _tiling_sample_size(x.size), self._host_generator())
         if _NATIVE_STAGES:
             idx, val, done = native.sidco_select(x, sample, k, self._native_settings())
@@ -477,10 +483,22 @@ class SIDCoSelector(ThresholdSelector):
         # next stage a few hundred sampled entries to fit on, too few, so it was fitted on a
         # streaming pass, and SIDCo cost 2.3-2.9x exact Top-k at CF 100 and 1000.
         base = float(sample.min())
+        nonzeros = float(n)
         if base == 0.0:   # (only then can the sample hold zeros: no count on a dense gradient)
             nonzeros = n * np.count_nonzero(sample) / s
             plan = [target for target in plan if target < nonzeros] or [float(k)]
         adaptive = self.stages is None
+        # When the last stage is fitted on the candidates (the sample holds too few kept entries to
+        # refine it), they are gathered at the stage before's threshold, planned at
+        # _GATHER_AT_LEAST k at least: on a heavy tail that stage, fitted on a few hundred sampled
+        # entries, can overshoot, and planned nearer k (1.2-1.6k at CF 100 and 300, where the
+        # plan's quarters happen to end close to k) it left fewer than k candidates, and a second
+        # gather, in up to 55 % of the calls on Student's t and 25-42 % at CF 300 on captured
+        # gradients.
+        raised = _GATHER_AT_LEAST * k
+        if (adaptive and self.refine > 0 and s < n and k * s / n < _SAMPLE_REFINE_HITS and len(plan) >= 3
+                and plan[-2] < raised < plan[-3] and raised < nonzeros):
+            plan[-2] = raised
         # Every fit and count on the sample is one pass over it (the sampled entries above a
         # stage's base are that stage's input: no copy of them is needed).
         sampled = _moments_of(sample)
@@ -512,14 +530,11 @@ class SIDCoSelector(ThresholdSelector):
                 # refine it: fit it on the candidates, whose exact counts do.  Fitted on the
                 # sample unrefined, it kept 0.61-0.79 of k at CF 50 on captured gradients.
                 break
-            # A stage other than the last may be fitted on as few as _SAMPLE_DEEP_MIN sampled entries
-            # when it plans to keep at least _GATHER_AT_LEAST k: the candidates gathered at its
-            # threshold then still hold k when its fit overshoots, as an exponential's does on a heavy
-            # tail.  (Planned nearer k, it overshot to below k in 25-42 % of the calls at CF 300 on
-            # captured gradients, each a second gather; and a large stage with fewer than
-            # _SAMPLE_FIT_MIN sampled entries was gathered whole, 4.7 % of the tensor at CF 1000.)
-            deep = (adaptive and stage < len(plan) - 1 and held >= _SAMPLE_DEEP_MIN
-                    and plan[stage] >= _GATHER_AT_LEAST * k)
+            # A stage other than the last may be fitted on as few as _SAMPLE_DEEP_MIN sampled
+            # entries, a large one too: with fewer than _SAMPLE_FIT_MIN a large stage's input was
+            # gathered whole instead (on captured gradients, 4.7 % of the tensor at CF 1000, and
+            # SIDCo cost 1.2x exact Top-k at 1M entries).
+            deep = adaptive and stage < len(plan) - 1 and held >= _SAMPLE_DEEP_MIN
             if plan[stage - 1] > self.compact_density * n:
                 if deep:
                     on_sample = True
