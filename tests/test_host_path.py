@@ -369,6 +369,18 @@ def test_sidco_cost_benchmark_splits_the_time_and_restores_what_it_wraps(capsys)
     assert wrapped() == before
 
 
+def test_select_loops_benchmark_times_both_loops_and_the_chosen_one(capsys):
+    """benchmarks/select_loops.py: a row per density with both loops' times and the chosen loop's
+    ratio to the faster one."""
+    from benchmarks import select_loops
+    if not native.available():
+        pytest.skip("native kernels not built")
+    assert select_loops.main(["--sizes", "100000", "--repeats", "1"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("100,000")]
+    assert [float(r[1]) for r in rows] == list(select_loops.DENSITIES)
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 and float(r[5]) > 0 for r in rows)
+
+
 def test_sidco_host_sample_benchmark_compares_both_settings_and_restores_them(capsys):
     """benchmarks/sidco_host_sample.py: the earlier and the current host-path settings, each
     timed against Top-k and its quality reported, with the module's settings put back."""

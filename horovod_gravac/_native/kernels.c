@@ -92,7 +92,7 @@ SELECT_PORTABLE(select_portable_gt, b > tkey)
  * as a whole vector (lanes past the survivors are overwritten by the next store):
  * much faster than a compress-store to memory, which is microcoded on AMD cores.
  * `dense`: store every step without testing the mask, which beats a branch that is
- * mispredicted once survivors are more than about 1 in 50.  Needs 16 slots of slack
+ * mispredicted once survivors are more than about 1 in 200 (hg_select).  Needs 16 slots of slack
  * after cap.  Returns the count; *stopped: where it stopped (the caller finishes). */
 HG_AVX512 static int64_t select_avx512(const float *x, int64_t n, int64_t start, uint32_t tkey, int strict,
                                        int dense, int32_t *idx, float *val, int64_t cap, int64_t *stopped) {
@@ -257,7 +257,12 @@ int64_t hg_select(const float *x, int64_t n, float t, int strict, double density
         start = head;
         if (head < n) {
             int64_t room = cap > c ? cap - c : 0;
-            c += select_avx512(x, n, head, tkey, strict, density > 0.02, idx + c, val + c, room, &start);
+            /* the store-every-step loop from 0.5 % expected survivors (1 % past 8M entries, out of
+             * cache, where its stores cost memory traffic): the branch of the other loop is then
+             * mispredicted often enough to cost more, up to 2.3x at 1-3 % (benchmarks/select_loops.py,
+             * select_loops_cpu.txt; the switch was at 2 %, so CF 30-100 took the slow loop) */
+            int dense = density > (n > ((int64_t)8 << 20) ? 0.01 : 0.005);
+            c += select_avx512(x, n, head, tkey, strict, dense, idx + c, val + c, room, &start);
         }
     } else if (hg_simd_level(allow_simd) == 3) {
         c = select_avx2(x, n, 0, tkey, strict, density > 0.04, idx, val, cap, &start);
