@@ -259,8 +259,8 @@ int64_t hg_select(const float *x, int64_t n, float t, int strict, double density
             int64_t room = cap > c ? cap - c : 0;
             /* the store-every-step loop from 0.5 % expected survivors (1 % past 8M entries, out of
              * cache, where its stores cost memory traffic): the branch of the other loop is then
-             * mispredicted often enough to cost more, up to 2.3x at 1-3 % (benchmarks/select_loops.py,
-             * select_loops_cpu.txt; the switch was at 2 %, so CF 30-100 took the slow loop) */
+             * mispredicted often enough to cost more, up to 2.4x at 1-3 % (benchmarks/select_loops.py,
+             * select_loops_cpu.txt; the switch was at 2 %, so Top-k at CF 100-200 took the slow loop) */
             int dense = density > (n > ((int64_t)8 << 20) ? 0.01 : 0.005);
             c += select_avx512(x, n, head, tkey, strict, dense, idx + c, val + c, room, &start);
         }
@@ -790,7 +790,7 @@ HG_CLONES void hg_stratified_draw(int64_t n, int64_t k, uint64_t key, int32_t *o
 /* SIDCoSelector._staged_on_host (selection/sidco.py) for the CPU host path, step for step and in
  * the same double arithmetic, so that both select the same entries (tests/test_host_path.py runs
  * both on the same inputs and compares them).  In Python its few hundred scalar operations, the
- * ten-odd ctypes calls and the NumPy arrays between them cost 0.06-0.1 ms a call: as much as the
+ * ten-odd ctypes calls and the NumPy arrays between them cost 0.04-0.14 ms a call: as much as the
  * selection pass of a 1M-entry bucket, and the part of SIDCo's cost its definition does not ask for.
  * The accelerators' host fits keep the Python version (their passes and gathers run on the device).
  *
