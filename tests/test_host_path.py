@@ -227,6 +227,37 @@ def test_sidco_stages_in_c_select_what_the_python_stages_select(native_on, monke
     assert seen == {"pass", "candidates", "direct"}, seen
 
 
+@needs_native
+def test_sidco_stages_in_c_match_python_under_any_settings(native_on, monkeypatch):
+    """The same comparison over random settings (first, stage and compact densities, refinement
+    rounds, tolerance, fixed stage counts, CFs from 1.5 to 10000): the C loop reads every setting
+    the Python one does."""
+    import random
+    import horovod_gravac.selection.sidco as sidco
+    rng = random.Random(0)
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(50_000, generator=g), torch.distributions.StudentT(1.5).sample((300_000,)),
+              torch.randn(200_000, generator=g) * (torch.rand(200_000, generator=g) > 0.7),
+              torch.rand(9_000, generator=g), laplace(700_000, 21)]
+    for trial in range(150):
+        x = rng.choice(inputs).numpy()
+        cf = rng.choice([1.5, 2, 3, 7, 10, 13, 25, 40, 77, 150, 500, 2000, 10000])
+        settings = dict(distribution=rng.choice(["exponential", "gpareto", "gamma"]),
+                        stages=rng.choice([None, None, 1, 2, 5]), first_density=rng.choice([0.25, 0.5, 0.1, 0.9]),
+                        stage_density=rng.choice([0.25, 0.5, 0.1, 0.9]),
+                        compact_density=rng.choice([0.02, 0.1, 0.001]), refine=rng.choice([6, 0, 1, 3]),
+                        tolerance=rng.choice([0.05, 0.01, 0.2, 0.5]))
+        k = max(1, int(x.size / cf))
+        got = []
+        for in_c in (True, False):
+            monkeypatch.setattr(sidco, "_NATIVE_STAGES", in_c)
+            sel = SIDCoSelector(cf, seed=7, **settings)
+            sel.set_step(trial)
+            idx, val = sel._select_host(x, k)
+            got.append((idx.tobytes(), val.tobytes(), sel.last_stages, sel.last_passes))
+        assert got[0] == got[1], (trial, x.size, cf, settings, got[0][2:], got[1][2:])
+
+
 # -- sampling -------------------------------------------------------------------------------------
 @needs_native
 @pytest.mark.parametrize("n,s", [(262_144, 16_384), (100_003, 1000), (6_553_601, 3517), (70_001, 70_000)])
