@@ -49,7 +49,7 @@ _SIGNATURES = {
     "hg_redsync": (_i64, [_p, _p, _i64, ctypes.c_float, ctypes.c_float, ctypes.c_double, ctypes.c_double,
                           ctypes.c_int, _p, ctypes.c_int]),
     "hg_exceedance_moments": (None, [_p, _i64, ctypes.c_float, ctypes.c_int, _p]),
-    "hg_abs_sample": (None, [_p, _i64, _i64, ctypes.c_double, ctypes.c_double, _p]),
+    "hg_abs_sample": (None, [_p, _i64, _i64, ctypes.c_double, ctypes.c_double, _p, ctypes.c_int]),
     "hg_scatter": (ctypes.c_int, [_p, _i64, _p, _p, _i64]),
     "hg_gamma_upper_quantile": (ctypes.c_double, [ctypes.c_double] * 5 + [ctypes.c_int]),
     "hg_stratified_draw": (None, [_i64, _i64, ctypes.c_uint64, _p, _p]),
@@ -268,7 +268,8 @@ def abs_sample(x: np.ndarray, size: int, shift: float, phi: float) -> np.ndarray
     uniform ``shift`` and rotation ``phi`` (the same positions; ``0 < size < x.size``).
     ``x`` must pass :func:`usable`."""
     out = np.empty(size, dtype=np.float32)
-    _LIB.hg_abs_sample(x.ctypes.data, x.size, int(size), float(shift), float(phi), out.ctypes.data)
+    _LIB.hg_abs_sample(x.ctypes.data, x.size, int(size), float(shift), float(phi), out.ctypes.data,
+                       int(_MODE == "auto"))
     return out
 
 

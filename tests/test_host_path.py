@@ -260,9 +260,12 @@ def test_sidco_stages_in_c_match_python_under_any_settings(native_on, monkeypatc
 
 # -- sampling -------------------------------------------------------------------------------------
 @needs_native
-@pytest.mark.parametrize("n,s", [(262_144, 16_384), (100_003, 1000), (6_553_601, 3517), (70_001, 70_000)])
+@pytest.mark.parametrize("n,s", [(262_144, 16_384), (100_003, 1000), (6_553_601, 3517), (70_001, 70_000),
+                                 (1_048_577, 8191), (2_097_152, 8192), (3_000_017, 8190)])
 def test_native_sample_equals_the_numpy_sample(n, s):
-    """hg_abs_sample computes the positions in the same double arithmetic as NumPy."""
+    """hg_abs_sample computes the positions in the same double arithmetic as NumPy: in its AVX-512
+    loop (eight positions a step, up to 2M entries, the remainder in scalar code) and its scalar
+    one."""
     x = laplace(n, 4).numpy()
     x[5] = np.nan
     got = host_abs_sample(x, s, torch.Generator().manual_seed(9))
@@ -410,6 +413,19 @@ def test_select_loops_benchmark_times_both_loops_and_the_chosen_one(capsys):
     rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("100,000")]
     assert [float(r[1]) for r in rows] == list(select_loops.DENSITIES)
     assert all(float(r[2]) > 0 and float(r[3]) > 0 and float(r[5]) > 0 for r in rows)
+
+
+def test_sample_loops_benchmark_times_both_loops_and_restores_the_mode(capsys):
+    """benchmarks/sample_loops.py: a row per size and sample with both loops' times, and the
+    kernels' mode put back."""
+    from benchmarks import sample_loops
+    if not native.available():
+        pytest.skip("native kernels not built")
+    before = native.mode()
+    assert sample_loops.main(["--sizes", "100000", "--samples", "2048,4000", "--repeats", "3"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("100,000")]
+    assert [int(r[1]) for r in rows] == [2048, 4000] and all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
+    assert native.mode() == before
 
 
 def test_sidco_host_sample_benchmark_compares_both_settings_and_restores_them(capsys):
