@@ -148,7 +148,7 @@ _CANDIDATE_FITS = 1 << 16
 _DEVICE_CANDIDATE_FITS = 1 << 15
 # The CPU host path runs its stages in C (``native.sidco_select``: ``_staged_on_host`` step for step,
 # the same selection) rather than in Python, where the scalar work between the native passes cost
-# 0.04-0.14 ms a call, as much as the selection pass of a 1M-entry bucket.  Tests and benchmarks turn
+# 0.04-0.23 ms a call, as much as the selection pass of a 1M-entry bucket.  Tests and benchmarks turn
 # it off to run the Python version on the same inputs.
 _NATIVE_STAGES = True
 _DIST_CODES = {"exponential": 0, "gpareto": 1, "gamma": 2}   # (kernels.c's HG_EXPONENTIAL ...)
@@ -414,9 +414,9 @@ class SIDCoSelector(ThresholdSelector):
           pass; the NumPy array operations they replace cost as much as the selection pass
           itself at bucket sizes;
         * after the sample, the whole of :meth:`_staged_on_host` runs in C
-          (``native.sidco_select``, ``_NATIVE_STAGES``): the same selection, without 0.04-0.14 ms
+          (``native.sidco_select``, ``_NATIVE_STAGES``): the same selection, without 0.04-0.23 ms
           of Python a call between the native passes (at 1M entries and CF 1000 SIDCo went from
-          1.30x to 0.96x exact Top-k, ``benchmarks/results/sidco_cost_cpu.txt``)."""
+          1.28x to 0.92x exact Top-k, ``benchmarks/results/sidco_cost_cpu.txt``)."""
         sample = host_abs_sample(x, _tiling_sample_size(x.size), self._host_generator())
         if _NATIVE_STAGES:
             idx, val, done = native.sidco_select(x, sample, k, self._native_settings())

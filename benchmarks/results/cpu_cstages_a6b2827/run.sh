@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# This session's changes together (cf622ed: SIDCo's CPU stage loop in C, its candidates planned at
-# 3k at least, the select pass's loop switch at 0.5 % instead of 2 %) against 95461c9, the tree
-# before them, on Laplace data and captured gradients, over bucket sizes and CFs from 10 to 1000,
-# alternated twice.  Ratios are to each tree's own exact Top-k, which the select change also sped up.
+# This session's changes together (a6b2827: SIDCo's CPU stage loop in C, its candidates planned at
+# 3k at least, the select pass's loop switch at 0.5 % instead of 2 %, the AVX-512 host sample) against
+# 95461c9, the tree before them, on Laplace data and captured gradients, over bucket sizes and CFs
+# from 10 to 1000, alternated twice.  Ratios are to each tree's own exact Top-k, which the select and
+# sample changes also sped up.
 # Run from the repository root; writes the CSVs and compare.txt here.
 set -euo pipefail
-HERE=benchmarks/results/cpu_cstages_cf622ed
+HERE=benchmarks/results/cpu_cstages_a6b2827
 OLD=$(mktemp -d)
 git archive 95461c9 | tar -x -C "$OLD"
 (cd "$OLD" && "$OLDPWD/.venv/bin/python" setup.py build_ext --inplace > /dev/null 2>&1)   # that tree's own kernels
