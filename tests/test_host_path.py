@@ -256,6 +256,17 @@ def test_sidco_stages_in_c_match_python_under_any_settings(native_on, monkeypatc
             idx, val = sel._select_host(x, k)
             got.append((idx.tobytes(), val.tobytes(), sel.last_stages, sel.last_passes))
         assert got[0] == got[1], (trial, x.size, cf, settings, got[0][2:], got[1][2:])
+    from horovod_gravac.selection import fits
+    for steps in (1, 2):   # the gamma quantile's Newton steps come from fits._NEWTON_STEPS in both
+        monkeypatch.setattr(fits, "_NEWTON_STEPS", steps)
+        for cf in (10, 300):
+            got = []
+            for in_c in (True, False):
+                monkeypatch.setattr(sidco, "_NATIVE_STAGES", in_c)
+                sel = SIDCoSelector(cf, "gamma", seed=7)
+                idx, val = sel._select_host(inputs[1].numpy(), inputs[1].numel() // cf)
+                got.append((idx.tobytes(), val.tobytes(), sel.last_stages))
+            assert got[0] == got[1], (steps, cf, got[0][2:], got[1][2:])
 
 
 # -- sampling -------------------------------------------------------------------------------------

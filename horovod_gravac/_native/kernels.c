@@ -853,7 +853,7 @@ enum { HG_EXPONENTIAL = 0, HG_GPARETO = 1, HG_GAMMA = 2 };
 enum {
     HG_S_DIST, HG_S_STAGES, HG_S_FIRST, HG_S_STAGE_DENSITY, HG_S_COMPACT, HG_S_REFINE, HG_S_TOLERANCE,
     HG_S_REFINE_HITS, HG_S_TRUST_HITS, HG_S_FIT_MIN, HG_S_DEEP_MIN, HG_S_GATHER_MIN, HG_S_CANDIDATE_FITS,
-    HG_S_GATHER_AT_LEAST, HG_S_TINY, HG_S_SIMD, HG_S_COUNT
+    HG_S_GATHER_AT_LEAST, HG_S_NEWTON_STEPS, HG_S_TINY, HG_S_SIMD, HG_S_COUNT
 };
 
 typedef struct { double m, s1, s2; } hg_moments;
@@ -916,8 +916,8 @@ static double hg_lgamma(double a) {
 #endif
 }
 
-/* fits.fitted_excess_host */
-HG_NO_CONTRACT static double hg_fitted_excess(int dist, hg_moments mo, double density) {
+/* fits.fitted_excess_host (newton_steps: fits._NEWTON_STEPS) */
+HG_NO_CONTRACT static double hg_fitted_excess(int dist, hg_moments mo, double density, int newton_steps) {
 #if defined(__clang__)
 #pragma clang fp contract(off)
 #endif
@@ -940,7 +940,7 @@ HG_NO_CONTRACT static double hg_fitted_excess(int dist, hg_moments mo, double de
     /* fits.gamma_upper_quantile_host */
     double d = hg_pymin(hg_pymax(density, 1e-300), 1.0 - 1e-12);
     return beta * hg_gamma_upper_quantile(alpha, d, hg_lgamma(alpha), hg_lgamma(alpha + 1.0),
-                                          -hg_normal_quantile(d), 8 /* fits._NEWTON_STEPS */);
+                                          -hg_normal_quantile(d), newton_steps);
 }
 
 /* The excess moments of v[0:c] over t (one native pass, as native.MomentsOf), weighed by w. */
@@ -996,7 +996,7 @@ HG_NO_CONTRACT static double hg_sidco_refine(const double *set, const float *v, 
             have_prev = 1;
             log_d = hg_pymin(log_d + step, 0.0);
         }
-        threshold = fit->base + hg_fitted_excess(fit->dist, fit->mo, exp(log_d));
+        threshold = fit->base + hg_fitted_excess(fit->dist, fit->mo, exp(log_d), (int)set[HG_S_NEWTON_STEPS]);
     }
     return threshold;
 }
@@ -1047,7 +1047,8 @@ HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *s
     int64_t fixed = (int64_t)set[HG_S_STAGES];
     int adaptive = fixed == 0, refine = (int)set[HG_S_REFINE] > 0, simd = (int)set[HG_S_SIMD];
     int squares = dist1 != HG_EXPONENTIAL;
-    int later = dist1 == HG_GAMMA ? HG_GPARETO : dist1;   /* SIDCoSelector._stage_dist */
+    int later = dist1 == HG_GAMMA ? HG_GPARETO : dist1;   /* SIDCoSelector._stage_dist after stage 1 */
+    int newton = (int)set[HG_S_NEWTON_STEPS];
     double tiny = set[HG_S_TINY], tol = set[HG_S_TOLERANCE], sd = set[HG_S_STAGE_DENSITY];
     double dk = (double)k, dn = (double)n;
     int64_t result = -1, stage = 1, passes = 0, gathers = 0, mcount = 0, room = 0, plan_len = 0, nfits = 0;
@@ -1104,24 +1105,19 @@ HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *s
     hg_moments mo = hg_moments_over(sample, s, base, squares, 1.0);
     double density = hg_pymin(plan[0] / hg_pymax(mo.m * scale, 1.0), 1.0);
     fits[nfits++] = (hg_fit){base, mo, density, dist1, mo.m};
-    double threshold = base + hg_fitted_excess(dist1, mo, density);
+    double threshold = base + hg_fitted_excess(dist1, mo, density, newton);
 #define HG_REFIT(HITS, T) hg_sidco_refine(set, sample, s, 1.0, (HITS), (T), hg_latest_fit(fits, nfits, (HITS)))
     if (adaptive && refine) threshold = HG_REFIT(plan[0] / scale, threshold);
     while (stage < plan_len) {
+        if (adaptive && refine && stage == plan_len - 1 && s < n && hits_k < set[HG_S_REFINE_HITS]) break;
         mo = hg_moments_over(sample, s, threshold, squares, 1.0);
         double held = s < n ? mo.m : 0.0;
         int on_sample;
-        if (adaptive && refine && stage == plan_len - 1 && s < n && hits_k < set[HG_S_REFINE_HITS]) break;
-        int deep = adaptive && stage < plan_len - 1 && held >= set[HG_S_DEEP_MIN];
-        if (plan[stage - 1] > set[HG_S_COMPACT] * dn) {
-            if (deep) {
-                on_sample = 1;
-            } else {
-                if (s < n && held < set[HG_S_FIT_MIN] && dn >= set[HG_S_GATHER_MIN]) break;
-                on_sample = held >= set[HG_S_FIT_MIN];
-            }
-        } else if (deep) {
+        if (adaptive && stage < plan_len - 1 && held >= set[HG_S_DEEP_MIN]) {
             on_sample = 1;
+        } else if (plan[stage - 1] > set[HG_S_COMPACT] * dn) {
+            if (s < n && held < set[HG_S_FIT_MIN] && dn >= set[HG_S_GATHER_MIN]) break;
+            on_sample = held >= set[HG_S_FIT_MIN];
         } else {
             break;
         }
@@ -1135,10 +1131,9 @@ HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *s
         }
         double target = plan[stage];
         stage++;
-        int dist = stage > 1 ? later : dist1;
         density = hg_pymin(target / hg_pymax(mo.m, 1.0), 1.0);
-        fits[nfits++] = (hg_fit){threshold, mo, density, dist, mo.m / scale};
-        threshold = threshold + hg_fitted_excess(dist, mo, density);
+        fits[nfits++] = (hg_fit){threshold, mo, density, later, mo.m / scale};
+        threshold = threshold + hg_fitted_excess(later, mo, density, newton);
     }
     int checked = 0;
     if (stage == plan_len) {
@@ -1204,8 +1199,8 @@ HG_NO_CONTRACT int64_t hg_sidco_select(const float *x, int64_t n, const float *s
         stage++;
         mo = hg_moments_over(values, nvalues, threshold, squares, w);
         density = hg_pymin(target / hg_pymax(mo.m, 1.0), 1.0);
-        last = (hg_fit){threshold, mo, density, stage > 1 ? later : dist1, 0.0};
-        threshold = threshold + hg_fitted_excess(last.dist, mo, density);
+        last = (hg_fit){threshold, mo, density, later, 0.0};
+        threshold = threshold + hg_fitted_excess(later, mo, density, newton);
     }
     if (adaptive && refine) threshold = hg_sidco_refine(set, values, nvalues, w, dk, threshold, &last);
     final_t = (float)hg_pymax(threshold, tiny);

@@ -92,6 +92,7 @@ import numpy as np
 import torch
 
 from .. import native
+from . import fits as fits_mod
 from .base import check_count, check_fraction
 from .fits import DISTRIBUTIONS, excess_moments, fitted_excess, fitted_excess_host
 from .kernels import TINY, _work_dtype, abs_for_reuse, exceedance_moments, select_abs_at_least
@@ -447,7 +448,8 @@ class SIDCoSelector(ThresholdSelector):
         takes them (read per call: benchmarks/sidco_host_sample.py varies the constants)."""
         return (_DIST_CODES[self.distribution], self.stages or 0, self.first_density, self.stage_density,
                 self.compact_density, self.refine, self.tolerance, _SAMPLE_REFINE_HITS, _SAMPLE_TRUST_HITS,
-                _SAMPLE_FIT_MIN, _SAMPLE_DEEP_MIN, _GATHER_NOT_PASS_MIN, _CANDIDATE_FITS, _GATHER_AT_LEAST, float(TINY))
+                _SAMPLE_FIT_MIN, _SAMPLE_DEEP_MIN, _GATHER_NOT_PASS_MIN, _CANDIDATE_FITS, _GATHER_AT_LEAST,
+                fits_mod._NEWTON_STEPS, float(TINY))
 
     def _staged_on_host(self, n: int, k: int, sample: np.ndarray, pass_moments, gather, finish, count):
         """The stages, fits and refinement rounds of :meth:`_select` with host scalars, shared by
@@ -493,8 +495,8 @@ class SIDCoSelector(ThresholdSelector):
         # _GATHER_AT_LEAST k at least: on a heavy tail that stage, fitted on a few hundred sampled
         # entries, can overshoot, and planned nearer k (1.2-1.6k at CF 100 and 300, where the
         # plan's quarters happen to end close to k) it left fewer than k candidates, and a second
-        # gather, in up to 55 % of the calls on Student's t and 25-42 % at CF 300 on captured
-        # gradients.
+        # gather, in up to 65 % of the calls on Student's t and 52 % on captured gradients
+        # (benchmarks/sidco_gathers.py).
         raised = _GATHER_AT_LEAST * k
         if (adaptive and self.refine > 0 and s < n and k * s / n < _SAMPLE_REFINE_HITS and len(plan) >= 3
                 and plan[-2] < raised < plan[-3] and raised < nonzeros):
@@ -522,31 +524,26 @@ class SIDCoSelector(ThresholdSelector):
         if adaptive and self.refine > 0:
             threshold = refit(plan[0] / scale, threshold)   # (stage 1's own: it holds the sample)
         while stage < len(plan):
-            moments = sampled(threshold, squares)   # this stage's input, sampled
-            held = moments[0] if s < n else 0.0
             if (adaptive and self.refine > 0 and stage == len(plan) - 1 and s < n
                     and k * s / n < _SAMPLE_REFINE_HITS):
                 # The next stage is the last, and the sample holds too few kept entries to
                 # refine it: fit it on the candidates, whose exact counts do.  Fitted on the
                 # sample unrefined, it kept 0.61-0.79 of k at CF 50 on captured gradients.
                 break
-            # A stage other than the last may be fitted on as few as _SAMPLE_DEEP_MIN sampled
-            # entries, a large one too: with fewer than _SAMPLE_FIT_MIN a large stage's input was
-            # gathered whole instead (on captured gradients, 4.7 % of the tensor at CF 1000, and
-            # SIDCo cost 1.2x exact Top-k at 1M entries).
-            deep = adaptive and stage < len(plan) - 1 and held >= _SAMPLE_DEEP_MIN
-            if plan[stage - 1] > self.compact_density * n:
-                if deep:
-                    on_sample = True
-                elif s < n and held < _SAMPLE_FIT_MIN and n >= _GATHER_NOT_PASS_MIN:
+            moments = sampled(threshold, squares)   # this stage's input, sampled
+            held = moments[0] if s < n else 0.0
+            if adaptive and stage < len(plan) - 1 and held >= _SAMPLE_DEEP_MIN:
+                # A stage other than the last may be fitted on as few as _SAMPLE_DEEP_MIN sampled
+                # entries, a large one too: with fewer than _SAMPLE_FIT_MIN a large stage's input
+                # was gathered whole instead, and the candidate phase then worked on all of it.
+                on_sample = True
+            elif plan[stage - 1] > self.compact_density * n:
+                if s < n and held < _SAMPLE_FIT_MIN and n >= _GATHER_NOT_PASS_MIN:
                     # Too few sampled to fit on (a heavy tail the previous stage's fit
                     # overshot): gather this stage's input now, at most 400 n / s entries, which
                     # costs one pass, rather than fit it on a streaming pass and gather later.
                     break
-                else:
-                    on_sample = held >= _SAMPLE_FIT_MIN
-            elif deep:
-                on_sample = True
+                on_sample = held >= _SAMPLE_FIT_MIN
             else:
                 break   # gather the candidates here
             if on_sample:
