@@ -439,6 +439,20 @@ def test_sample_loops_benchmark_times_both_loops_and_restores_the_mode(capsys):
     assert native.mode() == before
 
 
+def test_sidco_gathers_benchmark_counts_both_floors_and_restores_them(capsys):
+    """benchmarks/sidco_gathers.py: a row per input, CF, fit and floor (0 and the current one), and
+    the floor and native.sidco_select put back."""
+    import horovod_gravac.selection.sidco as sidco_mod
+    from benchmarks import sidco_gathers
+    if not native.available():
+        pytest.skip("native kernels not built")
+    before = (sidco_mod._GATHER_AT_LEAST, native.sidco_select)
+    assert sidco_gathers.main(["--sizes", "200000", "--cfs", "300", "--steps", "2"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if "200,000" in ln]
+    assert len(rows) == 4 * 2 * 2 and {float(r[-4]) for r in rows} == {0.0, sidco_mod._GATHER_AT_LEAST}
+    assert (sidco_mod._GATHER_AT_LEAST, native.sidco_select) == before
+
+
 def test_sidco_host_sample_benchmark_compares_both_settings_and_restores_them(capsys):
     """benchmarks/sidco_host_sample.py: the earlier and the current host-path settings, each
     timed against Top-k and its quality reported, with the module's settings put back."""

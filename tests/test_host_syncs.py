@@ -644,12 +644,12 @@ def sidco_gathers(monkeypatch):
 
 
 def test_sidco_gathers_its_candidates_once_on_heavy_tails(selection_path, sidco_gathers):
-    """A stage fitted on the sample past compact_density plans to keep at least 3k
-    (``_GATHER_AT_LEAST``), so that the candidates gathered at its threshold still hold k when its
-    exponential or gamma fit overshoots on a heavy tail.  Planned nearer k (1.2-1.6k at CF 100 and
-    300 from 1M entries), it overshot to fewer than k in up to 55 % of the calls on Student's t,
-    and each such call gathered the candidates a second time, a second select pass over the tensor
-    (captured gradients: 25-42 % of the calls at CF 300, SIDCo's median cost 1.4x exact Top-k)."""
+    """When SIDCo's last stage is fitted on its candidates, they are planned at 3k at least
+    (``_GATHER_AT_LEAST``), so that they still hold k when the stage before, fitted on the sample,
+    overshoots a heavy tail.  Planned nearer k (1.2-1.6k at CF 100 and 300 from 1M entries), they
+    held fewer in up to 65 % of the calls on Student's t, and each such call gathered them a second
+    time, a second select pass over the tensor (``benchmarks/sidco_gathers.py``, which also
+    counts captured gradients: up to 52 %)."""
     torch.manual_seed(0)
     for df in (1.5, 3.0):
         t = torch.distributions.StudentT(df).sample((1_000_000,))
