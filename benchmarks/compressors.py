@@ -302,10 +302,10 @@ def measure_multilevel(t: torch.Tensor, make, repeats: int, theta_min=10.0, cand
 
 
 def measure_kernels(t: torch.Tensor, make, cf: float, repeats: int):
-    """Best compress CPU time on each CPU path (native AVX-512, native portable, NumPy/torch),
-    the paths interleaved within every repeat; ``{path: seconds}`` (only the paths this
-    machine has)."""
-    paths = ["auto", "portable", "off"] if native._LIB is not None else ["off"]
+    """Best compress CPU time on each CPU path (native AVX-512, native with AVX2 at most, native
+    portable, NumPy/torch), the paths interleaved within every repeat; ``{path: seconds}`` (only
+    the paths that run different code on this machine: ``native.distinct_choices``)."""
+    paths = native.distinct_choices()
     comp, best, clock = make(cf), Best(), Clock()
     previous = native.use("off")
     try:
@@ -579,9 +579,10 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", help="also write every figure to this CSV file")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="exit 1 if any target fails")
-    ap.add_argument("--native", choices=["auto", "portable", "off"], default="auto",
-                    help="CPU kernels: native with AVX-512 where supported, native without SIMD, or "
-                         "NumPy/torch only (see horovod_gravac/native.py)")
+    ap.add_argument("--native", choices=["auto", "avx2", "portable", "off"], default="auto",
+                    help="CPU kernels: native with AVX-512 where supported, native with AVX2 at most "
+                         "(what x86 without AVX-512 runs), native without SIMD, or NumPy/torch only "
+                         "(see horovod_gravac/native.py)")
     ap.add_argument("--malloc", choices=sorted(MALLOC_ENV), default="steady",
                     help="allocator state for large tensors (see the module docstring)")
     ap.add_argument("--sizes", default=SWEEP_SIZES, help="entries of the size sweep (table 0), comma-separated")
@@ -717,19 +718,20 @@ def main(argv=None) -> int:
     if not args.no_kernels:
         print("\nTable 3: compress CPU ms per CPU path, interleaved (native = horovod_gravac/_native/kernels.c;\n"
               "         'numpy' = the NumPy/torch code that runs when it is not built); speedup = numpy / native")
-        print(f"{'compressor':<14}{'input':<8}{'CF':>5} {'auto':>8} {'portable':>9} {'numpy':>8} "
+        print(f"{'compressor':<14}{'input':<8}{'CF':>5} {'auto':>8} {'avx2':>8} {'portable':>9} {'numpy':>8} "
               f"{'speedup':>8} {'portable':>9}")
-        print("-" * 74)
+        print("-" * 83)
         for cname in [c for c in ("topk", "dgc", "redsync", "sidco-exp") if c in names]:
             iname = inputs[0]
             for cf in cfs:
                 ms = {k: v * 1e3 for k, v in measure_kernels(data[iname], COMPRESSORS[cname], cf,
                                                              args.repeats).items()}
                 fast, port, slow = ms.get("auto", math.nan), ms.get("portable", math.nan), ms["off"]
-                print(f"{cname:<14}{iname:<8}{cf:>5g} {fast:>8.1f} {port:>9.1f} {slow:>8.1f} "
+                avx2 = ms.get("avx2", math.nan)   # (nan where it is "auto": a CPU without AVX-512)
+                print(f"{cname:<14}{iname:<8}{cf:>5g} {fast:>8.1f} {avx2:>8.1f} {port:>9.1f} {slow:>8.1f} "
                       f"{slow / fast:>7.2f}x {slow / port:>8.2f}x")
                 rows.append(dict(table="kernels", compressor=cname, input=iname, cf=cf,
-                                 avx512_ms=fast, portable_ms=port, numpy_ms=slow))
+                                 avx512_ms=fast, avx2_ms=avx2, portable_ms=port, numpy_ms=slow))
 
     return finish(args, rows, failures)
 

@@ -10,7 +10,8 @@ survivor, so the branchy loop only wins while blocks with survivors are rare.  T
 on Laplace data at thresholds that keep 0.1-5 % of the tensor (thread CPU time, median of 41,
 interleaved), which is where the switch-over density in ``hg_select`` comes from, and the loop
 ``hg_select`` picks for the true density against the faster of the two.  On CPUs
-without AVX-512 it prints what the AVX2 loop pair does instead.
+without AVX-512 it prints what the AVX2 loop pair does instead (``--native avx2`` times that pair
+on a CPU with AVX-512 too: ``select_loops_avx2_cpu.txt``).
 """
 from __future__ import annotations
 
@@ -31,8 +32,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="262144,1048576,6553600,25000000")
     ap.add_argument("--repeats", type=int, default=41)
+    ap.add_argument("--native", choices=["auto", "avx2"], default="auto",
+                    help="auto: the best loops this CPU has; avx2: the AVX2 pair (x86 without AVX-512)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    native.use(args.native)
     if not native.available():
         print("the native kernels are not built")
         return 1

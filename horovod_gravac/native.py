@@ -10,8 +10,10 @@ it is found by file name rather than imported.
 
 * unset or ``1``: the native kernels, with AVX-512 where the CPU has it (else the select
   pass in AVX2 where the CPU has that);
-* ``portable``: the native kernels without their AVX-512 code (what a CPU without
-  AVX-512 runs: portable C, compiled with an AVX2 variant on x86);
+* ``avx2``: the native kernels with AVX2 at most: what an x86 CPU without AVX-512 (AMD
+  Zen 2/3, many GPU hosts) runs, so that a machine with AVX-512 can test and time it;
+* ``portable``: the native kernels without their hand-written SIMD code (portable C,
+  compiled with an AVX2 variant on x86);
 * ``0``: NumPy only.
 
 Any other value is a ``ValueError`` naming the variable, at import.
@@ -26,11 +28,11 @@ import importlib.machinery
 import os
 import warnings
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["available", "use", "mode", "usable", "select", "select_into", "drop_smallest", "redsync_search",
+__all__ = ["available", "use", "mode", "distinct_choices", "usable", "select", "select_into", "drop_smallest", "redsync_search",
            "exceedance_moments", "MomentsOf", "abs_sample", "scatter", "gamma_upper_quantile", "stratified_draw",
            "sidco_select", "SLACK"]
 
@@ -89,25 +91,49 @@ def _load() -> Optional[ctypes.CDLL]:
 
 _LIB = _load()
 _MODE = "off"
+# The kernels' last argument for each choice (kernels.c's hg_simd_level): 1 the best SIMD
+# the CPU has, 2 AVX2 at most, 0 none.
+_SIMD_ARG = {"auto": 1, "avx2": 2, "portable": 0, "off": 0}
+
+
+def _simd() -> int:
+    return _SIMD_ARG[_MODE]
 
 
 def use(choice: str) -> str:
-    """Switch to ``"auto"`` (native, SIMD where supported), ``"portable"`` or ``"off"``;
-    returns the previous choice.  ``"auto"``/``"portable"`` fall back to ``"off"`` when
-    the library was not built."""
+    """Switch to ``"auto"`` (native, SIMD where supported), ``"avx2"`` (native, AVX2 at most),
+    ``"portable"`` or ``"off"``; returns the previous choice.  The native choices fall back to
+    ``"off"`` when the library was not built (and ``"avx2"`` runs portable C on a CPU without
+    AVX2: :func:`mode` says what runs)."""
     global _MODE
-    if choice not in ("auto", "portable", "off"):
-        raise ValueError(f"native mode must be 'auto', 'portable' or 'off', got {choice!r}")
+    if choice not in _SIMD_ARG:
+        raise ValueError(f"native mode must be one of {', '.join(map(repr, _SIMD_ARG))}, got {choice!r}")
     previous = _MODE
     _MODE = choice if _LIB is not None else "off"
     return previous
 
 
-_ENV_CHOICES = {"1": "auto", "portable": "portable", "0": "off"}
+_ENV_CHOICES = {"1": "auto", "avx2": "avx2", "portable": "portable", "0": "off"}
 _env = os.environ.get("HOROVOD_GRAVAC_NATIVE", "1")
 if _env not in _ENV_CHOICES:
     raise ValueError(f"HOROVOD_GRAVAC_NATIVE must be one of {', '.join(map(repr, _ENV_CHOICES))}, got {_env!r}")
 use(_ENV_CHOICES[_env])
+
+
+def distinct_choices() -> List[str]:
+    """The choices of :func:`use` that run different code on this CPU, each once, ``"off"``
+    last: ``["auto", "avx2", "portable", "off"]`` on a CPU with AVX-512, ``["auto", "portable",
+    "off"]`` on one with AVX2 alone (where ``"avx2"`` is ``"auto"``), ``["off"]`` without the
+    library.  Tests run every path on this list and compare them."""
+    if _LIB is None:
+        return ["off"]
+    seen, out = set(), []
+    for choice in ("auto", "avx2", "portable"):
+        level = _LIB.hg_simd_level(_SIMD_ARG[choice])
+        if level not in seen:
+            seen.add(level)
+            out.append(choice)
+    return out + ["off"]
 
 
 def available() -> bool:
@@ -120,7 +146,7 @@ def mode() -> str:
     the rest portable), ``"portable"`` or ``"numpy"``."""
     if _MODE == "off":
         return "numpy"
-    return {2: "avx512", 3: "avx2"}.get(_LIB.hg_simd_level(int(_MODE == "auto")), "portable")
+    return {2: "avx512", 3: "avx2"}.get(_LIB.hg_simd_level(_simd()), "portable")
 
 
 def usable(x: np.ndarray) -> bool:
@@ -155,7 +181,7 @@ def select_into(x: np.ndarray, threshold, strict: bool, cap: int,
     val = _aligned_empty(cap + SLACK, np.float32)
     density = (cap if likely is None else float(likely)) / max(1, x.size)
     count = _LIB.hg_select(x.ctypes.data, x.size, float(threshold), int(bool(strict)),
-                           density, idx.ctypes.data, val.ctypes.data, cap, int(_MODE == "auto"))
+                           density, idx.ctypes.data, val.ctypes.data, cap, _simd())
     kept = min(count, cap)
     return count, idx[:kept], val[:kept]
 
@@ -182,7 +208,7 @@ def drop_smallest(idx: np.ndarray, val: np.ndarray, k: int, lower_than=None) -> 
     if c > k:
         status = _LIB.hg_drop_smallest(idx.ctypes.data, val.ctypes.data, c, int(k),
                                        0.0 if lower_than is None else float(lower_than),
-                                       int(lower_than is not None), int(_MODE == "auto"))
+                                       int(lower_than is not None), _simd())
         if status != 0:
             raise MemoryError("horovod_gravac native drop_smallest: out of memory")
     return idx[:k], val[:k]
@@ -200,7 +226,7 @@ def redsync_search(idx: np.ndarray, val: np.ndarray, lo, ceil, few: float, many:
     """
     out = np.zeros(3, dtype=np.float64)
     kept = _LIB.hg_redsync(idx.ctypes.data, val.ctypes.data, idx.size, float(lo), float(ceil),
-                           float(few), float(many), int(steps), out.ctypes.data, int(_MODE == "auto"))
+                           float(few), float(many), int(steps), out.ctypes.data, _simd())
     if kept < 0:
         raise MemoryError("horovod_gravac native redsync_search: out of memory")
     return idx[:kept], val[:kept], float(out[0])
@@ -249,7 +275,7 @@ def sidco_select(x: np.ndarray, sample: np.ndarray, k: int, settings) -> Tuple[n
     cap = max(0, min(int(k * 1.25) + 64, x.size))
     idx = _aligned_empty(cap + SLACK, np.int32)
     val = _aligned_empty(cap + SLACK, np.float32)
-    params = (ctypes.c_double * (len(settings) + 1))(*settings, float(_MODE == "auto"))
+    params = (ctypes.c_double * (len(settings) + 1))(*settings, float(_simd()))
     info = (ctypes.c_double * 5)()
     count = _LIB.hg_sidco_select(x.ctypes.data, x.size, sample.ctypes.data, sample.size, int(k), params,
                                  idx.ctypes.data, val.ctypes.data, cap, info)
@@ -269,7 +295,7 @@ def abs_sample(x: np.ndarray, size: int, shift: float, phi: float) -> np.ndarray
     ``x`` must pass :func:`usable`."""
     out = np.empty(size, dtype=np.float32)
     _LIB.hg_abs_sample(x.ctypes.data, x.size, int(size), float(shift), float(phi), out.ctypes.data,
-                       int(_MODE == "auto"))
+                       _simd())
     return out
 
 

@@ -25,8 +25,9 @@ def run_ranks(np_, script, *args, timeout=240, env=None):
 
 
 # The CPU paths of the sparsifiers: the native kernels with AVX-512 ("auto", where the CPU
-# has it), without SIMD ("portable"), and NumPy/torch alone ("off").  All must agree.
-CPU_PATHS = ["auto", "portable", "off"] if native._LIB is not None else ["off"]
+# has it), with AVX2 at most ("avx2": what a CPU without AVX-512 runs), without SIMD
+# ("portable"), and NumPy/torch alone ("off"), each that runs different code here.  All must agree.
+CPU_PATHS = native.distinct_choices()
 
 
 @pytest.fixture(params=CPU_PATHS)

@@ -38,9 +38,10 @@ def native_on():
     native.use(previous)
 
 
-@pytest.fixture(params=["auto", "portable"])
+@pytest.fixture(params=[p for p in native.distinct_choices() if p != "off"])
 def native_mode(request):
-    """The native kernels with their SIMD loops (where the CPU has them) and without."""
+    """The native kernels with their SIMD loops (where the CPU has them; AVX2 alone as well on
+    an AVX-512 CPU) and without."""
     previous = native.use(request.param)
     yield request.param
     native.use(previous)

@@ -1,7 +1,7 @@
 """The native CPU kernels (``horovod_gravac/_native/kernels.c`` via ``horovod_gravac.native``).
 
 Each entry point is checked against a NumPy statement of its contract, on the AVX-512
-path and the portable path, with the awkward floats (NaN, infinities, -0.0,
+path, the AVX2 path and the portable path, with the awkward floats (NaN, infinities, -0.0,
 subnormals), lengths around the 16-lane vector width, a too-small output buffer, heavy
 ties and a wrong search bound.
 """
@@ -14,7 +14,8 @@ from horovod_gravac import native
 
 pytestmark = pytest.mark.skipif(native._LIB is None, reason="native kernels not built")
 
-SIMD_PATHS = ["auto", "portable"]
+# every native path that runs different code on this CPU (the AVX2 one too, on an AVX-512 CPU)
+SIMD_PATHS = [p for p in native.distinct_choices() if p != "off"]
 
 
 @pytest.fixture(params=SIMD_PATHS)
@@ -70,6 +71,8 @@ def test_use_validates_and_reports_the_path():
         assert native.mode() == "numpy" and not native.available()
         native.use("portable")
         assert native.mode() == "portable" and native.available()
+        native.use("avx2")
+        assert native.mode() in ("avx2", "portable")   # (portable: a CPU without AVX2)
         native.use("auto")
         assert native.mode() in ("avx512", "avx2", "portable")
         with pytest.raises(ValueError, match="native mode"):
@@ -141,7 +144,7 @@ def test_select_output_is_cache_line_aligned():
         assert idx.ctypes.data % 64 == 0 and val.ctypes.data % 64 == 0
 
 
-def test_both_paths_give_identical_output():
+def test_every_path_gives_identical_output():
     x = awkward(300_001, seed=5)
     outs = []
     for p in SIMD_PATHS:
@@ -150,8 +153,9 @@ def test_both_paths_give_identical_output():
             outs.append(native.select_into(x, 1.3, False, 100_000))
         finally:
             native.use(previous)
-    (c1, i1, v1), (c2, i2, v2) = outs
-    assert c1 == c2 and np.array_equal(i1, i2) and np.array_equal(v1, v2, equal_nan=True)
+    c1, i1, v1 = outs[0]
+    for c2, i2, v2 in outs[1:]:
+        assert c1 == c2 and np.array_equal(i1, i2) and np.array_equal(v1, v2, equal_nan=True)
 
 
 def reference_keep(vals, k):

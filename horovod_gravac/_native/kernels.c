@@ -228,10 +228,13 @@ static int hg_has_avx512(void) {
 }
 #endif
 
-/* Which code path the kernels take: 2 = AVX-512, 3 = AVX2 (the select pass only), 1 = portable. */
+/* Which code path the kernels take: 2 = AVX-512, 3 = AVX2 (the select pass only), 1 = portable.
+ * allow_simd (every entry point's last argument): 0 = portable C only, 1 = the best the CPU
+ * has, 2 = AVX2 at most, which is what x86 without AVX-512 (AMD Zen 2/3) runs: an AVX-512
+ * machine can then test and time that code too. */
 int hg_simd_level(int allow_simd) {
 #ifdef HG_X86
-    if (allow_simd && hg_has_avx512()) return 2;
+    if (allow_simd == 1 && hg_has_avx512()) return 2;
     if (allow_simd && hg_has_avx2()) return 3;
 #endif
     (void)allow_simd;
@@ -666,7 +669,7 @@ void hg_abs_sample(const float *x, int64_t n, int64_t s, double u, double phi, f
 #endif
     int64_t d = n / s, i = 0;
 #ifdef HG_X86
-    if (allow_simd && hg_has_avx512dq()) i = abs_sample_avx512(x, s, d, u, phi, out);
+    if (allow_simd == 1 && hg_has_avx512dq()) i = abs_sample_avx512(x, s, d, u, phi, out);
 #endif
     (void)allow_simd;
     for (; i < s; i++) {
