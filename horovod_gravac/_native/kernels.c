@@ -133,7 +133,7 @@ HG_AVX512 static int64_t select_avx512(const float *x, int64_t n, int64_t start,
  * overwritten by the next store).  The portable C loop cannot be vectorised by the
  * compiler (the output position depends on the previous step) and costs 3-4x more at
  * CF 10.  Magnitude keys are below 2^31, so the signed compare orders them; >= t is
- * > t - 1 (for t = 0 that is > -1: everything).  `dense` (expected density above 4 %):
+ * > t - 1 (for t = 0 that is > -1: everything).  `dense` (see hg_select for the density):
  * store every step; otherwise skip blocks of 32 without survivors.  On a Zen 1 core, 1M
  * entries in cache: dense 0.40 ms at any density, blocks 0.14 / 0.31 / 0.42 ms at
  * 0.1 / 1 / 10 %, a loop with one branch per 8 entries 0.15 / 0.27 / 0.89 ms (a
@@ -268,7 +268,14 @@ int64_t hg_select(const float *x, int64_t n, float t, int strict, double density
             c += select_avx512(x, n, head, tkey, strict, dense, idx + c, val + c, room, &start);
         }
     } else if (hg_simd_level(allow_simd) == 3) {
-        c = select_avx2(x, n, 0, tkey, strict, density > 0.04, idx, val, cap, &start);
+        /* the store-every-step loop from 1.2 % expected survivors up to 2M entries, 0.6 % up to 8M
+         * and 2 % past that (out of cache): where the two loops cross on an Intel Xeon running these
+         * AVX2 loops (`select_loops --native avx2`, select_loops_avx2_cpu.txt); the switch at 4 %
+         * cost up to 1.5x at 1-3 %, where SIDCo gathers at CF 100.  Zen 1, which splits 256-bit
+         * operations in two, favoured the block loop up to ~5 % (the figures above select_avx2);
+         * Zen 2 onwards does not split them. */
+        int dense = density > (n > ((int64_t)8 << 20) ? 0.02 : n > ((int64_t)2 << 20) ? 0.006 : 0.012);
+        c = select_avx2(x, n, 0, tkey, strict, dense, idx, val, cap, &start);
     }
 #endif
     (void)density;
