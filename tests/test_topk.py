@@ -296,3 +296,71 @@ def test_every_cpu_path_gives_the_same_payload_in_the_same_order(kind, cf):
         for a, b in ((p, payloads[0][0]), (f, payloads[0][1])):
             assert torch.equal(a.indices, b.indices)
             assert torch.equal(a.values, b.values)
+
+
+
+# -- exact zeros ------------------------------------------------------------------------------
+def _embedding_like(n: int, seed: int = 3, width: int = 100) -> torch.Tensor:
+    """An embedding's gradient: 2 % of its rows nonzero, fewer nonzeros than k at CF 10-20."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.zeros(n // width, width)
+    rows = torch.randperm(n // width, generator=g)[:max(1, n // width // 50)]
+    t[rows] = torch.randn(rows.numel(), width, generator=g)
+    return t.view(-1)
+
+
+@pytest.mark.parametrize("n", [12_000, 60_000, 300_000, 2_000_000])  # torch.topk, exact k-th, sampled
+@pytest.mark.parametrize("cf", [10, 20])
+def test_send_zeros_false_sends_the_nonzeros_alone(cpu_path, n, cf):
+    """With fewer nonzeros than k, ``send_zeros=False`` sends every nonzero and no zero (a zero
+    says nothing and costs 8 bytes on the wire); the decompressed tensor is the gradient itself,
+    so error feedback keeps nothing, and a further level keeps what is there.  The default
+    tops the payload up to k with the first zeros, as torch.topk does (the paper's Top-k)."""
+    t = _embedding_like(n)
+    k, nonzero = kept_count(n, cf), int(torch.count_nonzero(t))
+    assert nonzero < k
+    comp = TopKCompressor(cf=cf, send_zeros=False)
+    payload, ctx = comp.compress(t)
+    assert payload.values.numel() == payload.indices.numel() == nonzero
+    assert bool((payload.values != 0).all())
+    assert torch.equal(comp.decompress(payload, ctx), t)
+    assert comp.select(t, k).numel() == nonzero
+    further = comp.compress_further(payload, ctx, 2)   # CF 2x: k/2 of the nonzeros, or all of them
+    assert further.values.numel() == min(kept_count(n, 2 * cf), nonzero)
+    assert bool((further.values != 0).all())
+    default = TopKCompressor(cf=cf)
+    padded, _ = default.compress(t)
+    assert padded.values.numel() == k and torch.equal(default.decompress(padded, ctx), t)
+    got = topk_indices(t, k)
+    assert got.numel() == k and torch.unique(got).numel() == k
+
+
+def test_send_zeros_false_with_enough_nonzeros_is_exact_top_k(cpu_path):
+    """Zeros are left out only where they would top the payload up: half zeros, CF 10, k entries,
+    the same as the default's."""
+    t = data("laplace", 300_001)
+    t[::2] = 0
+    k = kept_count(t.numel(), 10)
+    payload, _ = TopKCompressor(cf=10, send_zeros=False).compress(t)
+    default, _ = TopKCompressor(cf=10).compress(t)
+    assert payload.values.numel() == k
+    assert torch.equal(payload.indices, default.indices) and torch.equal(payload.values, default.values)
+
+
+def test_send_zeros_false_keeps_k_entries_on_accelerators(monkeypatch):
+    """Off the CPU the payload is k entries, zeros included: counting the nonzeros there would
+    be a host synchronisation more every call (the module docstring)."""
+    monkeypatch.setattr(T, "_numpy_path", lambda values: False)
+    t = _embedding_like(300_000)
+    comp = TopKCompressor(cf=10, send_zeros=False)
+    payload, ctx = comp.compress(t)
+    assert payload.values.numel() == kept_count(t.numel(), 10)
+    assert torch.equal(comp.decompress(payload, ctx), t)
+
+
+def test_send_zeros_is_checked_and_shows_in_the_repr():
+    """Ranks compare the compressor's repr at start-up: a rank that leaves zeros out is named."""
+    assert repr(TopKCompressor(cf=10)) == "TopKCompressor(cf=10)"
+    assert repr(TopKCompressor(cf=10, send_zeros=False)) == "TopKCompressor(cf=10, send_zeros=False)"
+    with pytest.raises(ValueError, match="send_zeros"):
+        TopKCompressor(cf=10, send_zeros=0)

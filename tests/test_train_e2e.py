@@ -46,7 +46,9 @@ def test_lr_schedule_steps_at_milestones():
 
 def test_compressor_names_resolve_lazily():
     a = T.resolve_args(["--compressor", "topk", "--out", "x"])
-    assert T.make_compressor(a)(cf=10).cf == 10
+    assert T.make_compressor(a)(cf=10).cf == 10 and T.make_compressor(a)(cf=10).send_zeros
+    a = T.resolve_args(["--compressor", "topk", "--topk-zeros", "skip", "--out", "x"])
+    assert T.make_compressor(a)(cf=10).send_zeros is False   # TopKCompressor(send_zeros=False)
     a = T.resolve_args(["--compressor", "randomk", "--out", "x"])
     c1, c2 = T.make_compressor(a)(cf=10), T.make_compressor(a)(cf=10)
     assert c1.seed == c2.seed is not None           # shared indices across ranks

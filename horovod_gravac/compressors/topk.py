@@ -9,4 +9,6 @@ from .base import SparseCompressor
 class TopKCompressor(TopKSelector, SparseCompressor):
     """Keep the ``numel / cf`` largest-magnitude entries (at least one); multi-level
     compression is exact.  Arguments: ``cf``, ``seed`` (of the threshold sample; the
-    kept set does not depend on it); see :class:`~horovod_gravac.selection.topk.TopKSelector`."""
+    kept set does not depend on it), ``send_zeros`` (False: a tensor with fewer nonzeros
+    than that sends only its nonzeros, on the CPU); see
+    :class:`~horovod_gravac.selection.topk.TopKSelector`."""

@@ -106,7 +106,7 @@ DEFAULTS: Dict[str, Any] = dict(
     model="tinycnn", dataset=None, data=None, controller="gravac", compressor="topk", cf=100.0,
     theta_min=10.0, theta_max=1000.0, epsilon=0.7, omega=0.01, window=500, policy="exponential",
     ewma_alpha=None, variant=C.DEFAULT_VARIANT, hold_windows=1, split_rungs="off", low_cf=10.0, high_cf=1000.0, accordion_threshold=0.5, accordion_interval=100, powersgd_rank=1,
-    steps=200, eval_every=50, batch_size=32, eval_batch_size=None, lr=0.1, momentum=0.9,
+    topk_zeros="send", steps=200, eval_every=50, batch_size=32, eval_batch_size=None, lr=0.1, momentum=0.9,
     weight_decay=1e-4, lr_milestones="", lr_gamma=0.1, warmup_steps=0, clip_norm=None,
     momentum_correction=False, local_clip_norm=None,
     bptt=35, width=None, blocks=None, num_buckets=None, dropout=None, tie_weights=None, seed=42, out=None,
@@ -150,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--accordion-threshold", type=float, help="Accordion: relative norm change (0.5)")
     g.add_argument("--accordion-interval", type=int, help="Accordion: steps between checks (100)")
     g.add_argument("--powersgd-rank", type=int, help="PowerSGD compressor: rank (1)")
+    g.add_argument("--topk-zeros", choices=("send", "skip"),
+                   help="Top-k compressor: a bucket with fewer nonzeros than k is topped up with zeros "
+                        "(send, the paper's Top-k; default) or sends its nonzeros alone (skip: "
+                        "TopKCompressor(send_zeros=False))")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=int, help="training iterations (default 200)")
     t.add_argument("--eval-every", type=int, help="evaluate every N steps and at the end (50)")
@@ -245,6 +249,8 @@ def make_compressor(args) -> Callable:
                 return cls(cf=cf, rank=rank if float(cf) == low else 1)
             return accordion_powersgd
         extra["rank"] = args.powersgd_rank
+    if args.compressor == "topk" and args.topk_zeros == "skip":
+        extra["send_zeros"] = False
     return functools.partial(cls, **extra) if extra else cls
 
 
@@ -590,6 +596,7 @@ def build_summary(args, evals, totals, cf_steps, wall, eval_time, load_time, siz
     return {
         "model": args.model, "dataset": args.dataset, "controller": args.controller,
         "compressor": args.compressor, "world_size": size, "steps": args.steps,
+        "topk_zeros": args.topk_zeros if args.compressor == "topk" else None,
         "final": final, "best": best,
         "floats_sent": totals["floats_sent"], "dense_floats": dense,
         "floats_sent_vs_dense": totals["floats_sent"] / dense if dense > 0 else None,

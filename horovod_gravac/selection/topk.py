@@ -14,6 +14,14 @@ function of the input alone (the sample only changes the speed): among entries t
 at the k-th magnitude the lowest flat indices are kept.  Up to ``_TINY`` entries
 (16384) a single ``torch.topk`` call is cheapest and decides ties its own way.
 
+Exact zeros: when fewer than ``k`` entries are nonzero (an embedding's gradient, most rows
+untouched), the nonzero ones are topped up with the first zeros, as ``torch.topk`` would, so
+a payload is always ``k`` entries (the paper's Top-k and GRACE's).  ``send_zeros=False``
+(:class:`TopKSelector`) leaves them out on the CPU: zeros carry nothing (the decompressed
+tensor and the error-feedback residual are the same), and each costs 8 bytes on the wire.  On
+other devices the payload holds ``k`` entries either way: knowing how many are nonzero there
+takes a host synchronisation, one more every call.
+
 CPU path (on the tensor's own memory; float16/bfloat16 are widened first):
 
 1. sample: ``|x|`` at ``s`` stratified random positions (``sampling.host_abs_sample``: one
@@ -92,25 +100,33 @@ def topk_indices(magnitude: torch.Tensor, k: int, generator: Optional[torch.Gene
     return _topk(magnitude.detach().reshape(-1), int(k), lambda: generator).long()
 
 
-def _topk(values: torch.Tensor, k: int, generator) -> torch.Tensor:
+def _topk(values: torch.Tensor, k: int, generator, pad_zeros: bool = True) -> torch.Tensor:
     """``topk_indices`` of a flat tensor; ``generator()`` gives the generator (called only when sampling)."""
-    return _topk_pair(values, k, generator)[0]
+    return _topk_pair(values, k, generator, pad_zeros)[0]
 
 
-def _topk_pair(values: torch.Tensor, k: int, generator) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _topk_pair(values: torch.Tensor, k: int, generator,
+               pad_zeros: bool = True) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(indices, kept values)`` of a flat tensor; the values (float32) only when the
-    native kernels produced them on the way (None otherwise: gather them yourself)."""
+    native kernels produced them on the way (None otherwise: gather them yourself).
+    ``pad_zeros=False``: on the CPU, the exact zeros that would top up fewer than ``k``
+    nonzero entries are left out (see the module docstring)."""
     n = values.numel()
     if k >= n:
-        return torch.arange(n, device=values.device), None
+        if pad_zeros or not _numpy_path(values):
+            return torch.arange(n, device=values.device), None
+        return torch.nonzero(values).view(-1), None   # (NaN is nonzero)
     if k <= 0:
         return torch.empty(0, dtype=torch.int64, device=values.device), None
     if n <= _TINY:   # fixed costs dominate: one call
-        return torch.topk(values.abs(), k, sorted=False).indices, None
+        idx = torch.topk(values.abs(), k, sorted=False).indices
+        if not pad_zeros and _numpy_path(values):
+            idx = idx[values.index_select(0, idx) != 0]
+        return idx, None
     if _numpy_path(values):
         if values.dtype not in (torch.float32, torch.float64):
             values = values.float()   # NumPy has no bfloat16; float16 arithmetic is emulated there
-        idx, vals = _topk_numpy(values.contiguous().numpy(), k, generator)
+        idx, vals = _topk_numpy(values.contiguous().numpy(), k, generator, pad_zeros)
         return torch.from_numpy(idx), (None if vals is None else torch.from_numpy(vals))
     return _topk_torch(values, k, generator()), None
 
@@ -223,12 +239,13 @@ def _zeros_first(nonzero: np.ndarray, count: int) -> np.ndarray:
     return np.flatnonzero(free)
 
 
-def _select_with_threshold(x: np.ndarray, k: int, threshold, upper=None) -> Optional[np.ndarray]:
+def _select_with_threshold(x: np.ndarray, k: int, threshold, upper=None,
+                           pad_zeros: bool = True) -> Optional[np.ndarray]:
     """Exact top-k given a threshold; None when fewer than ``k`` entries reach it."""
     if threshold <= 0:   # zero threshold: candidates are the nonzeros (and NaNs), topped up with zeros
         idx, vals = _candidates(x, 0, strict=True)
         if idx.size < k:
-            return np.concatenate([idx, _zeros_first(idx, k - idx.size)])
+            return np.concatenate([idx, _zeros_first(idx, k - idx.size)]) if pad_zeros else idx
     else:
         idx, vals = _candidates(x, threshold, strict=False)
         if idx.size < k:
@@ -236,7 +253,8 @@ def _select_with_threshold(x: np.ndarray, k: int, threshold, upper=None) -> Opti
     return _drop_smallest(idx, vals, k, upper(idx.size - k) if upper is not None else None)
 
 
-def _select_native(x: np.ndarray, k: int, threshold, expected: int, lower=None, likely=None):
+def _select_native(x: np.ndarray, k: int, threshold, expected: int, lower=None, likely=None,
+                   pad_zeros: bool = True):
     """``_select_with_threshold`` by the native kernels, values included: ``(idx, vals)``
     or None.  ``expected``: the expected candidate count (room made for it, see
     ``native.select``); ``lower``: a magnitude expected above the ``c - k`` smallest
@@ -248,26 +266,31 @@ def _select_native(x: np.ndarray, k: int, threshold, expected: int, lower=None, 
     if count < k:
         if not strict:
             return None
+        if not pad_zeros:
+            return idx, vals
         zeros = _zeros_first(idx, k - count)   # topped up with the first zeros
         return (np.concatenate([idx, zeros.astype(np.int32)]),
                 np.concatenate([vals, np.zeros(zeros.size, dtype=vals.dtype)]))
     return native.drop_smallest(idx, vals, k, None if strict else lower)
 
 
-def _select_exact(x: np.ndarray, k: int, fast: bool) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+def _select_exact(x: np.ndarray, k: int, fast: bool,
+                  pad_zeros: bool = True) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """Top-k with the exact k-th magnitude as threshold (no sample)."""
     kth = _kth_largest(np.abs(x), k)
     if fast:
-        return _select_native(x, k, kth, x.size, likely=k)
-    return _select_with_threshold(x, k, kth), None
+        return _select_native(x, k, kth, x.size, likely=k, pad_zeros=pad_zeros)
+    return _select_with_threshold(x, k, kth, pad_zeros=pad_zeros), None
 
 
-def _topk_numpy(x: np.ndarray, k: int, generator) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-    """CPU top-k of a flat array: ``(idx, vals)``, ``vals`` None unless the native kernels ran."""
+def _topk_numpy(x: np.ndarray, k: int, generator,
+                pad_zeros: bool = True) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """CPU top-k of a flat array: ``(idx, vals)``, ``vals`` None unless the native kernels ran;
+    ``pad_zeros``: see :func:`_topk_pair`."""
     n = x.size
     fast = native.usable(x)
     if n <= _SMALL:
-        return _select_exact(x, k, fast)
+        return _select_exact(x, k, fast, pad_zeros)
     s = sample_size(n, k)
     sample = host_abs_sample(x, s, generator())   # stratified; one random draw per call
     hits = s * k / n                          # sampled entries expected above the k-th magnitude
@@ -281,7 +304,7 @@ def _topk_numpy(x: np.ndarray, k: int, generator) -> Tuple[np.ndarray, Optional[
             # candidates below that hold the ones to drop.
             r = int(hits - 4.0 * math.sqrt(hits) - 2.0)
             out = _select_native(x, k, threshold, expected, _kth_largest(sample, r) if r >= 1 else None,
-                                 likely=rank * n / s)
+                                 likely=rank * n / s, pad_zeros=pad_zeros)
         else:
             def upper(e, rank=rank):
                 # Sampled entries expected between T and the e-th smallest candidate, plus a margin.
@@ -289,12 +312,12 @@ def _topk_numpy(x: np.ndarray, k: int, generator) -> Tuple[np.ndarray, Optional[
                 r = rank - int(math.ceil(q + 4.0 * math.sqrt(q) + 2.0))
                 return _kth_largest(sample, r) if r >= 1 else None
 
-            out = _select_with_threshold(x, k, threshold, upper)
+            out = _select_with_threshold(x, k, threshold, upper, pad_zeros)
             out = None if out is None else (out, None)
         if out is not None:
             return out
     # Both estimates overshot: the exact k-th magnitude.
-    return _select_exact(x, k, fast)
+    return _select_exact(x, k, fast, pad_zeros)
 
 
 # -- other devices --------------------------------------------------------------------------
@@ -327,6 +350,9 @@ def _topk_torch(values: torch.Tensor, k: int, generator: Optional[torch.Generato
 class TopKSelector(Selector):
     """Keep the ``numel / cf`` largest-magnitude entries (at least one).
 
+    ``send_zeros=False``: when fewer than that many entries are nonzero, keep only the nonzero
+    ones on the CPU instead of topping them up with exact zeros (see the module docstring).
+
     Multi-level compression is exact: the top ``k2`` of the top ``k1`` entries are
     the top ``k2`` of the original, for ``k2 <= k1``.
 
@@ -335,15 +361,24 @@ class TopKSelector(Selector):
     """
 
 
-    def __init__(self, cf: float = 100.0, seed: int = 0):
+    def __init__(self, cf: float = 100.0, seed: int = 0, send_zeros: bool = True):
         super().__init__(cf)
+        if not isinstance(send_zeros, bool):
+            raise ValueError(f"send_zeros must be True or False, got {send_zeros!r}")
         self._generators = DeviceGenerators(seed)
+        self.send_zeros = send_zeros
+
+    def __repr__(self) -> str:
+        # (the default's repr is unchanged: checkpoints and the ranks' start-up check compare it)
+        if self.send_zeros:
+            return super().__repr__()
+        return f"{type(self).__name__}(cf={self.cf:g}, send_zeros=False)"
 
     def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
-        return _topk(flat, k, lambda: self._generators(flat.device))
+        return _topk(flat, k, lambda: self._generators(flat.device), self.send_zeros)
 
     def select_payload(self, flat: torch.Tensor, k: int) -> SparsePayload:
-        indices, values = _topk_pair(flat, k, lambda: self._generators(flat.device))
+        indices, values = _topk_pair(flat, k, lambda: self._generators(flat.device), self.send_zeros)
         if values is None:
             return sparse_payload(flat, indices)
         return SparsePayload(values, indices.to(torch.int32))   # the native pass gathered them

@@ -465,3 +465,45 @@ def test_delivered_window_gain_is_cos2_of_the_window_sums():
     assert all(s == states[0] for s in states), "controllers differ across ranks"
     assert_identical_across_ranks(model, "delivered")
     release(opt)
+
+
+def test_topk_send_zeros_false_sends_the_nonzeros_alone():
+    """An embedding whose gradient has fewer nonzeros than Top-k 10x keeps (each rank touches a
+    different number of rows): with ``send_zeros=False`` every rank sends its nonzeros alone,
+    8 bytes each, and the averaged gradient is dense SGD's (nothing was left behind), as
+    hvd.DistributedOptimizer computes it on the same batches."""
+    def make():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.EmbeddingBag(2000, 16, mode="sum"), torch.nn.Linear(16, 5))
+        hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+        return m
+
+    def local_batch(step):
+        g = torch.Generator().manual_seed(100 * step + RANK)
+        rows = torch.randperm(2000, generator=g)[:10 * (RANK + 1)]
+        return rows.view(-1, 2), torch.randint(0, 5, (rows.numel() // 2,), generator=g)
+
+    ours, ref = make(), make()
+    opt = hg_opt(ours, controller=hg.StaticCF(10), bucket_cap_mb=64,
+                 compressor=lambda cf: TopKCompressor(cf=cf, send_zeros=False))
+    ref_opt = hvd.DistributedOptimizer(torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9),
+                                       named_parameters=ref.named_parameters())
+    for step in range(3):
+        x, y = local_batch(step)
+        for model, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            o.synchronize()
+        local = torch.cat([p.grad.reshape(-1) for p in ours.parameters()])   # (the averaged one now)
+        for p, q in zip(ours.parameters(), ref.parameters()):
+            err = (p.grad - q.grad).abs().max().item()
+            assert err <= 1e-6, f"step {step}: Top-k 10x differs from dense by {err}"
+        for o in (opt, ref_opt):
+            with o.skip_synchronize():
+                o.step()
+        nonzeros = 16 * 10 * (RANK + 1) + 16 * 5 + 5   # touched rows, then the linear layer
+        assert opt.stats["bytes_sent"] == 8 * nonzeros, (opt.stats["bytes_sent"], nonzeros, local.numel())
+    sent = hvd.allgather_object(opt.stats["bytes_sent"])
+    assert len(set(sent)) == SIZE, sent
+    assert_identical_across_ranks(ours, "topk-send-zeros-false")
+    release(opt)
