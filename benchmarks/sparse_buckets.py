@@ -7,12 +7,14 @@ A dense-format embedding gradient (``nn.Embedding(sparse=False)``, as the harnes
 and fastText models use) is nonzero only in the rows a batch touched: 700 tokens of a
 10,000-word vocabulary touch 7 % of the rows.  At CF 10 (k = 10 % of the entries) such a
 bucket has fewer nonzeros than k; the threshold compressors then send every nonzero (they
-never send zeros) and exact Top-k fills k with zeros.  The bucket is ``--numel`` entries in
+never send zeros) and exact Top-k fills k with zeros (``topk-nz``: ``send_zeros=False``, the
+nonzeros alone).  The bucket is ``--numel`` entries in
 rows of ``--width``, the touched rows of normal values.  Each compressor is timed alone (thread
 CPU time, one thread, median of ``--repeats``), with the kept count over k and the selector's
 ``fallbacks`` (calls whose count left [k/2, 2k] and got the exact k largest: none should).
 
-Committed output: ``benchmarks/results/sparse_buckets.txt``.
+Committed output: ``benchmarks/results/sparse_buckets_send_zeros.txt`` (``sparse_buckets.txt``: the
+run of a6b2827, before the ``topk-nz`` row).
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ import torch
 from benchmarks.compressors import MALLOC_ENV, pin_malloc
 from horovod_gravac.compressors import DGCCompressor, RedSyncCompressor, SIDCoCompressor, TopKCompressor
 
-COMPRESSORS = {"topk": TopKCompressor, "dgc": DGCCompressor, "redsync": RedSyncCompressor,
-               "sidco": SIDCoCompressor}
+COMPRESSORS = {"topk": TopKCompressor, "topk-nz": lambda cf: TopKCompressor(cf, send_zeros=False),
+               "dgc": DGCCompressor, "redsync": RedSyncCompressor, "sidco": SIDCoCompressor}
 
 
 def embedding_like(numel: int, width: int, touched: float, seed: int) -> torch.Tensor:

@@ -41,8 +41,10 @@ def test_sparse_buckets_benchmark_prints_every_compressor_without_fallbacks(caps
     assert sparse_buckets.main(["--numel", "65000", "--width", "65", "--touched", "0.05", "--cfs", "10",
                                 "--repeats", "1"]) == 0
     rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith("    0.05")]
-    assert [r[2] for r in rows] == ["topk", "dgc", "redsync", "sidco"]
-    assert all(r[-1] in ("0", "-") for r in rows) and all(float(r[5]) == 0.5 for r in rows[1:])
+    assert [r[2] for r in rows] == ["topk", "topk-nz", "dgc", "redsync", "sidco"]
+    # Top-k fills k with zeros; the others (Top-k with send_zeros=False too) send the nonzeros alone
+    assert all(r[-1] in ("0", "-") for r in rows) and float(rows[0][5]) == 1.0
+    assert all(float(r[5]) == 0.5 for r in rows[1:])
 
 
 def test_quality_ladder_benchmark_prints_every_threshold_compressor_within_target(capsys):
