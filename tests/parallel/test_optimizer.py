@@ -166,6 +166,14 @@ def test_mismatched_config_fails_everywhere():
         assert "differs from rank 0" in str(exc) and "controller" in str(exc), exc
     else:
         raise AssertionError("mismatched controllers were not detected")
+    # a rank whose Top-k leaves zeros out (send_zeros=False) is named too
+    try:
+        hg_opt(make_model(), controller=hg.StaticCF(10),
+               compressor=lambda cf: TopKCompressor(cf=cf, send_zeros=RANK == 0))
+    except ValueError as exc:
+        assert "differs from rank 0" in str(exc) and "send_zeros" in str(exc), exc
+    else:
+        raise AssertionError("mismatched send_zeros was not detected")
 
 
 def test_nan_gradient_keeps_ranks_identical():
