@@ -34,9 +34,8 @@ def main(argv=None) -> int:
         print("the native kernels are not built")
         return 1
     gen = torch.Generator().manual_seed(0)
-    previous = native.mode()
     print(f"# the host sample's loops (thread CPU time, median of {args.repeats}, interleaved), "
-          f"kernels {previous}")
+          f"kernels {native.mode()}")
     print(f"{'entries':>11} {'sample':>7} {'auto us':>8} {'portable us':>12} {'auto/portable':>14}")
     before = native.use("auto")
     try:

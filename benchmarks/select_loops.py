@@ -36,10 +36,18 @@ def main(argv=None) -> int:
                     help="auto: the best loops this CPU has; avx2: the AVX2 pair (x86 without AVX-512)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    native.use(args.native)
     if not native.available():
         print("the native kernels are not built")
         return 1
+    before = native.use(args.native)   # (put back at the end: tests call main in their process)
+    try:
+        _time_loops(args)
+    finally:
+        native.use(before)
+    return 0
+
+
+def _time_loops(args) -> None:
     print(f"# the select pass's two loops (thread CPU time, median of {args.repeats}, interleaved), "
           f"Laplace input, kernels {native.mode()}")
     print(f"{'entries':>11} {'density':>8} {'branchy ms':>11} {'dense ms':>9} {'dense/branchy':>14} "
@@ -61,7 +69,6 @@ def main(argv=None) -> int:
             b, d, c = (statistics.median(times[k]) * 1e3 for k in ("branchy", "dense", "chosen"))
             print(f"{n:>11,} {density:>8.3f} {b:>11.3f} {d:>9.3f} {d / b:>14.2f} {c / min(b, d):>17.2f}",
                   flush=True)
-    return 0
 
 
 if __name__ == "__main__":

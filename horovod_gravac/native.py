@@ -33,8 +33,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 __all__ = ["available", "use", "mode", "distinct_choices", "usable", "select", "select_into", "drop_smallest",
-           "redsync_search", "exceedance_moments", "MomentsOf", "abs_sample", "scatter", "gamma_upper_quantile", "stratified_draw",
-           "sidco_select", "SLACK"]
+           "redsync_search", "exceedance_moments", "MomentsOf", "abs_sample", "scatter", "gamma_upper_quantile",
+           "stratified_draw", "sidco_select", "SLACK"]
 
 # Extra slots every output buffer needs after its capacity (whole-vector stores).
 SLACK = 16

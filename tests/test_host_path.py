@@ -417,14 +417,17 @@ def test_sidco_cost_benchmark_splits_the_time_and_restores_what_it_wraps(capsys)
 
 def test_select_loops_benchmark_times_both_loops_and_the_chosen_one(capsys):
     """benchmarks/select_loops.py: a row per density with both loops' times and the chosen loop's
-    ratio to the faster one."""
+    ratio to the faster one, on the best loops and on the AVX2 pair, and the kernels' mode put back."""
     from benchmarks import select_loops
     if not native.available():
         pytest.skip("native kernels not built")
-    assert select_loops.main(["--sizes", "100000", "--repeats", "1"]) == 0
-    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("100,000")]
-    assert [float(r[1]) for r in rows] == list(select_loops.DENSITIES)
-    assert all(float(r[2]) > 0 and float(r[3]) > 0 and float(r[5]) > 0 for r in rows)
+    before = native.mode()
+    for kernels in ("auto", "avx2"):
+        assert select_loops.main(["--sizes", "100000", "--repeats", "1", "--native", kernels]) == 0
+        rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("100,000")]
+        assert [float(r[1]) for r in rows] == list(select_loops.DENSITIES)
+        assert all(float(r[2]) > 0 and float(r[3]) > 0 and float(r[5]) > 0 for r in rows)
+        assert native.mode() == before   # the kernels' mode put back
 
 
 def test_sample_loops_benchmark_times_both_loops_and_restores_the_mode(capsys):
