@@ -224,7 +224,8 @@ def _squared_norm(grads) -> float:
     a float32 sum of squares past 3.4e38 (CUDA) must not pass for a NaN/Inf gradient."""
     if not grads:
         return 0.0
-    total = float(torch.stack([n.double() for n in torch._foreach_norm(grads)]).pow(2).sum())
+    # One stack, then one conversion: a .double() per parameter is a kernel launch each.
+    total = float(torch.stack(torch._foreach_norm(grads)).double().pow(2).sum())
     if not math.isfinite(total):
         if not all(finite_tensor(g) for g in grads):
             return math.inf

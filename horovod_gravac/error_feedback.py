@@ -27,6 +27,8 @@ from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
+from .buckets import views_like
+
 
 def add_into_slices(buf: torch.Tensor, grads: Iterable[Optional[torch.Tensor]], offsets,
                     alpha: float = 1.0) -> None:
@@ -34,7 +36,8 @@ def add_into_slices(buf: torch.Tensor, grads: Iterable[Optional[torch.Tensor]], 
     (``torch._foreach_add_``, as torch.optim's foreach optimizers use): a bucket of a deep
     model holds hundreds of parameters, and one ``add_`` per parameter is one kernel launch
     each on a GPU.  The same arithmetic as the per-slice ``add_``."""
-    pairs = [(buf[start:end], g.reshape(-1)) for g, (start, end) in zip(grads, offsets) if g is not None]
+    grads = list(grads)
+    pairs = [(part, g) for g, part in zip(grads, views_like(buf, grads, offsets)) if g is not None]
     if pairs:
         views, flats = zip(*pairs)
         torch._foreach_add_(list(views), list(flats), alpha=alpha)

@@ -234,14 +234,15 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     # -- hooks ---------------------------------------------------------------------------
     def _make_hook(self, p):
         def hook(param):
-            if self._delay[p] <= 0:
+            delay = self._delay[p]   # (one lookup: a tensor's hash is a Python call, 314 a step)
+            if delay <= 0:
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before "
                     "call to step(). Increase backward_passes_per_step to accumulate gradients locally.")
             if not self._record.open:
                 self._begin_step()
-            self._delay[p] -= 1
-            if self._delay[p] == 0:
+            self._delay[p] = delay = delay - 1
+            if delay == 0:
                 if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
                     if p not in self._sparse:   # its first sparse gradient: it leaves its bucket
                         self._sparse.add(p, self._detach_sparse(p))

@@ -514,6 +514,51 @@ def test_syncs_per_optimizer_step_on_accelerators(accelerator_path, monkeypatch)
         native.use(previous)
 
 
+def test_launches_per_optimizer_step_do_not_grow_with_the_parameter_count(accelerator_path, monkeypatch):
+    """On a GPU each operation that is not a view launches a kernel, and a backward of many small
+    layers is bound by those launches.  So what the optimizer adds to a step must be per bucket,
+    not per parameter: one multi-tensor call writes a bucket's gradients back and one takes its
+    norms (a ``copy_`` and a ``.double()`` per parameter were 628 launches a step for
+    ResNet101).  Counted with the accelerator paths forced, as ``benchmarks.step_launches`` does:
+    8 and 64 parameter tensors in one bucket each add the same launches to plain torch."""
+    hvd = pytest.importorskip("horovod.torch")
+    import horovod_gravac as hg
+    import horovod_gravac.encoder as encoder
+    import horovod_gravac.native as native
+    from benchmarks.step_launches import OpCounter
+    hvd.init()
+    monkeypatch.setattr(encoder, "_reads_back_freely", lambda t: False)
+    previous = native.use("off")
+
+    def added(n_params, kwargs):
+        counts = []
+        for wrap in (False, True):
+            torch.manual_seed(0)
+            params = [torch.nn.Parameter(torch.randn(3, 5)) for _ in range(n_params)]
+            opt = torch.optim.SGD(params, lr=1e-3)
+            if wrap:
+                opt = hg.DistributedOptimizer(opt, named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
+                                              **kwargs)
+            for step in range(4):
+                opt.zero_grad()
+                loss = sum((p * (i + 1)).pow(2).sum() for i, p in enumerate(params))
+                with OpCounter() as c:
+                    loss.backward()
+                    opt.step()
+            if wrap:
+                assert len(opt._buckets) == 1
+            counts.append(c.launches)
+        return counts[1] - counts[0]
+    try:
+        for kwargs in ({}, dict(compression=DGCCompressor(10)),
+                       dict(compressor=DGCCompressor, controller=hg.GraVAC(theta_min=10, theta_max=100, window=2))):
+            few, many = added(8, kwargs), added(64, kwargs)
+            # (GraVAC's branches follow the data: a launch or two either way, not 56 more)
+            assert abs(many - few) <= 2 and few < 70, (kwargs, few, many)
+    finally:
+        native.use(previous)
+
+
 def test_embedding_like_buckets_send_their_nonzeros_cheaply(selection_path, monkeypatch):
     """A bucket with fewer nonzeros than k (an embedding's gradient: a few rows touched) sends
     every nonzero and takes no fallback, over 20 steps' probes; DGC's CPU path no longer looks
