@@ -1,0 +1,66 @@
+"""Buckets' per-parameter views and the multi-tensor calls built on them: the residual add of
+error feedback and the write-back into ``p.grad`` give what one operation per parameter gave,
+for every shape, dtype, layout and missing gradient a bucket meets."""
+import torch
+
+from horovod_gravac.buckets import Bucket, views_like
+from horovod_gravac.error_feedback import add_into_slices
+
+
+def _params():
+    torch.manual_seed(0)
+    shapes = [(4, 3), (), (0,), (2, 3, 5), (7,)]
+    return [(f"p{i}", torch.nn.Parameter(torch.randn(s))) for i, s in enumerate(shapes)]
+
+
+def test_views_like_shares_the_buffer_and_takes_each_shape():
+    bucket = Bucket(0, _params())
+    flat = torch.arange(bucket.numel, dtype=torch.float32)
+    views = views_like(flat, bucket.params, bucket.offsets)
+    for v, p, (s, e) in zip(views, bucket.params, bucket.offsets):
+        assert v.shape == p.shape and torch.equal(v.reshape(-1), flat[s:e])
+        if v.numel():
+            assert v.data_ptr() == flat[s:e].data_ptr()   # a view, not a copy
+    # a missing tensor (a frozen parameter's gradient) gets its 1-D slice
+    like = list(bucket.params)
+    like[3] = None
+    views = views_like(flat, like, bucket.offsets)
+    s, e = bucket.offsets[3]
+    assert views[3].shape == (e - s,) and views[3].data_ptr() == flat[s:e].data_ptr()
+    assert views[0].shape == (4, 3)
+
+
+def test_add_into_slices_matches_one_add_per_parameter():
+    bucket = Bucket(0, _params())
+    grads = [torch.randn(p.shape, dtype=dt) for p, dt in
+             zip(bucket.params, (torch.float16, torch.float32, torch.float32, torch.float64, torch.bfloat16))]
+    grads[0] = torch.randn(3, 4).t()           # non-contiguous
+    grads[4] = None                             # frozen: its slice is left alone
+    buf = torch.randn(bucket.numel)
+    want = buf.clone()
+    for g, (s, e) in zip(grads, bucket.offsets):
+        if g is not None:
+            want[s:e] += 0.5 * g.reshape(-1).float()
+    add_into_slices(buf, grads, bucket.offsets, alpha=0.5)
+    assert torch.allclose(buf, want, rtol=0, atol=1e-6)
+
+
+def test_write_grads_fills_every_trainable_grad_in_its_dtype_and_layout():
+    named = _params()
+    named[1] = ("p1", torch.nn.Parameter(torch.randn((), dtype=torch.float16)))   # half precision
+    named[3] = ("p3", torch.nn.Parameter(torch.randn(2, 3, 5, dtype=torch.float64)))
+    bucket = Bucket(0, named)
+    params = bucket.params
+    params[0].grad = torch.zeros(3, 4).t()                       # non-contiguous grad
+    params[1].grad = torch.zeros((), dtype=torch.float16)
+    params[2].grad = torch.zeros(0)
+    params[3].grad = torch.zeros(2, 3, 5, dtype=torch.float64)
+    params[4].requires_grad_(False)                              # frozen: its grad is the user's
+    params[4].grad = torch.full((7,), 9.0)
+    aggregated = torch.randn(bucket.numel)
+    bucket.write_grads(aggregated)
+    for p, (s, e) in zip(params[:4], bucket.offsets[:4]):
+        assert torch.equal(p.grad.reshape(-1).float(), aggregated[s:e].to(p.grad.dtype).float())
+    assert params[0].grad.stride() == (1, 4)                     # written in place
+    assert params[1].grad.dtype == torch.float16 and params[3].grad.dtype == torch.float64
+    assert torch.equal(params[4].grad, torch.full((7,), 9.0))
