@@ -35,6 +35,7 @@ def test_add_into_slices_matches_one_add_per_parameter():
     grads = [torch.randn(p.shape, dtype=dt) for p, dt in
              zip(bucket.params, (torch.float16, torch.float32, torch.float32, torch.float64, torch.bfloat16))]
     grads[0] = torch.randn(3, 4).t()           # non-contiguous
+    grads[3] = torch.randn(1, 2, 3, 5).to(memory_format=torch.channels_last).view(2, 3, 5)
     grads[4] = None                             # frozen: its slice is left alone
     buf = torch.randn(bucket.numel)
     want = buf.clone()
@@ -47,6 +48,7 @@ def test_add_into_slices_matches_one_add_per_parameter():
 
 def test_write_grads_fills_every_trainable_grad_in_its_dtype_and_layout():
     named = _params()
+    named.append(("conv", torch.nn.Parameter(torch.randn(2, 3, 4, 5))))   # a channels_last conv weight
     named[1] = ("p1", torch.nn.Parameter(torch.randn((), dtype=torch.float16)))   # half precision
     named[3] = ("p3", torch.nn.Parameter(torch.randn(2, 3, 5, dtype=torch.float64)))
     bucket = Bucket(0, named)
@@ -57,9 +59,11 @@ def test_write_grads_fills_every_trainable_grad_in_its_dtype_and_layout():
     params[3].grad = torch.zeros(2, 3, 5, dtype=torch.float64)
     params[4].requires_grad_(False)                              # frozen: its grad is the user's
     params[4].grad = torch.full((7,), 9.0)
+    params[5].grad = torch.zeros(2, 3, 4, 5).to(memory_format=torch.channels_last)
     aggregated = torch.randn(bucket.numel)
     bucket.write_grads(aggregated)
-    for p, (s, e) in zip(params[:4], bucket.offsets[:4]):
+    assert params[5].grad.is_contiguous(memory_format=torch.channels_last)
+    for p, (s, e) in zip(params[:4] + params[5:], bucket.offsets[:4] + bucket.offsets[5:]):
         assert torch.equal(p.grad.reshape(-1).float(), aggregated[s:e].to(p.grad.dtype).float())
     assert params[0].grad.stride() == (1, 4)                     # written in place
     assert params[1].grad.dtype == torch.float16 and params[3].grad.dtype == torch.float64
