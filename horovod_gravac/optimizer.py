@@ -140,6 +140,24 @@ class _ElasticSupport:
         return self._encoder.compressor_factory(cf)
 
 
+#: Whether hooks go on each parameter's gradient accumulator node (what torch 2.0 has, and
+#: what Horovod's own optimizer uses) instead of ``register_post_accumulate_grad_hook``
+#: (torch >= 2.1).  Tests set it to run the torch 2.0 path on a newer torch.
+ACCUMULATOR_NODE_HOOKS = not hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+
+
+def _after_grad_accumulated(p, hook):
+    """Call ``hook(p)`` each time a backward has accumulated ``p.grad``; returns what keeps
+    the hook registered.  On torch 2.0 (Horovod 0.28.1's last supported torch) the hook goes
+    on ``p``'s AccumulateGrad node, which fires after it has written ``p.grad``; the node is
+    returned with the handle, since autograd holds it weakly and would build a new one,
+    without the hook, for the next graph."""
+    if not ACCUMULATOR_NODE_HOOKS:
+        return p.register_post_accumulate_grad_hook(hook)
+    node = p.expand_as(p).grad_fn.next_functions[0][0]
+    return node, node.register_hook(lambda grad_inputs, grad_outputs: hook(p))
+
+
 class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, opts: dict):
         super(self.__class__, self).__init__(params)
@@ -210,7 +228,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         for p in params:
             if p.requires_grad and id(p) not in self._hooked:
                 self._hooked.add(id(p))
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+                self._hooks.append(_after_grad_accumulated(p, self._make_hook(p)))
 
     def add_param_group(self, param_group):
         """As ``torch.optim.Optimizer.add_param_group``; the new parameters get buckets

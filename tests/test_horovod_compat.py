@@ -79,6 +79,14 @@ def test_compat(group):
     run(*GROUPS[group])
 
 
+def test_compat_on_torch20s_hook_path():
+    """torch 2.0, the last torch Horovod 0.28.1 was built for, has no
+    ``register_post_accumulate_grad_hook``: the optimizer then hooks each parameter's
+    gradient accumulator node, as Horovod does.  The same side-by-side tests against
+    ``hvd.DistributedOptimizer`` on that path, forced on this torch."""
+    run(2, ["test_compat_api.py"], 240, env={"HOROVOD_GRAVAC_TEST_NODE_HOOKS": "1"})
+
+
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 def test_process_set_dense_matches_hvd_and_excludes_rank2(mode):
     env = {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"} if mode == "dynamic" else {}

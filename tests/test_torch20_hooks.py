@@ -1,0 +1,61 @@
+"""The optimizer's hooks on torch 2.0, which has no ``register_post_accumulate_grad_hook``:
+each parameter's gradient accumulator node carries the hook instead (as in Horovod's own
+optimizer).  Forced on this torch, one rank: the same training as the default path, step for
+step, across accumulation, a layer unfrozen late and a garbage collection (autograd holds the
+node weakly: a node nobody keeps is rebuilt, without the hook, for the next graph)."""
+import gc
+
+import pytest
+import torch
+
+hvd = pytest.importorskip("horovod.torch")
+import horovod_gravac as hg  # noqa: E402
+import horovod_gravac.optimizer as optimizer  # noqa: E402
+from horovod_gravac.compressors import TopKCompressor  # noqa: E402
+
+
+def _train(node_hooks, monkeypatch, **kwargs):
+    monkeypatch.setattr(optimizer, "ACCUMULATOR_NODE_HOOKS", node_hooks)
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    model[0].weight.requires_grad_(False)   # frozen at wrap time, unfrozen at step 3
+    opt = hg.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(), **kwargs)
+    fired, in_backward = [], [False]   # buckets launched by their hooks (synchronize launches the rest)
+    launch = opt._launch
+    opt._launch = lambda bucket: (in_backward[0] and fired.append((step, bucket.index)), launch(bucket))[1]
+    g = torch.Generator().manual_seed(1)
+    for step in range(6):
+        if step == 3:
+            model[0].weight.requires_grad_(True)
+        gc.collect()
+        opt.zero_grad()
+        for _ in range(kwargs.get("backward_passes_per_step", 1)):
+            loss = model(torch.randn(4, 6, generator=g)).pow(2).mean()
+            in_backward[0] = True
+            loss.backward()
+            in_backward[0] = False
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), fired
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(backward_passes_per_step=2),
+                                    dict(compression=TopKCompressor(2))], ids=["dense", "bpps2", "topk"])
+def test_accumulator_node_hooks_train_like_post_accumulate_hooks(kwargs, monkeypatch):
+    want, fired_want = _train(False, monkeypatch, **kwargs)
+    got, fired = _train(True, monkeypatch, **kwargs)
+    assert fired == fired_want and {step for step, _ in fired} == set(range(6))   # hooks launch every step
+    assert torch.equal(got, want)
+
+
+def test_accumulator_node_hooks_keep_their_node(monkeypatch):
+    monkeypatch.setattr(optimizer, "ACCUMULATOR_NODE_HOOKS", True)
+    p = torch.nn.Parameter(torch.ones(3))
+    calls = []
+    keep = optimizer._after_grad_accumulated(p, calls.append)
+    for _ in range(3):
+        gc.collect()
+        (p * 2).sum().backward()
+    assert calls == [p, p, p] and torch.equal(p.grad, torch.full((3,), 6.0))
+    del keep
