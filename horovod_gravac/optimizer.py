@@ -154,7 +154,8 @@ def _after_grad_accumulated(p, hook):
     without the hook, for the next graph."""
     if not ACCUMULATOR_NODE_HOOKS:
         return p.register_post_accumulate_grad_hook(hook)
-    node = p.expand_as(p).grad_fn.next_functions[0][0]
+    with torch.enable_grad():   # (also called from a hook, where backward has turned it off)
+        node = p.expand_as(p).grad_fn.next_functions[0][0]
     return node, node.register_hook(lambda grad_inputs, grad_outputs: hook(p))
 
 
@@ -287,6 +288,13 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                                                self._shared_seed)
         scaler = self._grad_scaler
         self._scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+        # A parameter unfrozen since the last step gets its hook now, and its bucket waits
+        # for it: if its gradient was accumulated before this first hook, the hook fires in
+        # no backward this step and synchronize() launches the bucket once every gradient is in.
+        # (Counting only the hooks that existed launched its bucket early, with zeros for
+        # its gradient: the first step after an unfreeze lost that layer's gradient.)
+        if self._included:
+            self._register_hooks()
         for b in self._buckets:
             b.expected = b.hooks_to_wait_for(self._hooked)
 
@@ -364,7 +372,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         comm_time = time.perf_counter() - t_comm
         self._reset_delays()
         self._finish_step(comm_time, skipped)
-        self._register_hooks()   # parameters unfrozen since the last step
         self._synchronized = True
 
     def _finish_step(self, comm_time: float, skipped: bool = False):

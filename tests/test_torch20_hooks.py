@@ -43,10 +43,32 @@ def _train(node_hooks, monkeypatch, **kwargs):
 @pytest.mark.parametrize("kwargs", [{}, dict(backward_passes_per_step=2),
                                     dict(compression=TopKCompressor(2))], ids=["dense", "bpps2", "topk"])
 def test_accumulator_node_hooks_train_like_post_accumulate_hooks(kwargs, monkeypatch):
+    if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+        pytest.skip("torch 2.0: no post-accumulate hooks to compare with")
     want, fired_want = _train(False, monkeypatch, **kwargs)
     got, fired = _train(True, monkeypatch, **kwargs)
     assert fired == fired_want and {step for step, _ in fired} == set(range(6))   # hooks launch every step
     assert torch.equal(got, want)
+
+
+def test_accumulator_node_hooks_train_like_plain_torch_on_one_rank(monkeypatch):
+    """One rank averages nothing: the dense controller's step is plain SGD's, with or without
+    torch's post-accumulate hooks (on torch 2.0 this is the reference there is)."""
+    got, fired = _train(True, monkeypatch, backward_passes_per_step=2)
+    assert {step for step, _ in fired} == set(range(6))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    model[0].weight.requires_grad_(False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    for step in range(6):
+        if step == 3:
+            model[0].weight.requires_grad_(True)
+        opt.zero_grad()
+        for _ in range(2):
+            model(torch.randn(4, 6, generator=g)).pow(2).mean().backward()
+        opt.step()
+    assert torch.allclose(got, torch.cat([p.detach().reshape(-1) for p in model.parameters()]), atol=1e-7)
 
 
 def test_accumulator_node_hooks_keep_their_node(monkeypatch):

@@ -11,7 +11,7 @@ import horovod.torch as hvd
 import horovod_gravac as hg
 
 from compat_helpers import (TIMEOUT_S, EmbNet, Net, assert_ranks_identical, assert_same, emb_batch,
-                           flat, hg_opt, hvd_opt, make, note, record_failure, release, sgd, train)
+                           flat, hg_opt, hvd_opt, loss_of, make, note, record_failure, release, sgd, train)
 
 pytestmark = pytest.mark.sizes(2)
 
@@ -286,6 +286,28 @@ def test_unfreeze_layer_frozen_at_wrap_time():
             record_failure(failures, name, exc)
     if failures:
         raise AssertionError(" | ".join(failures))
+
+
+def test_unfrozen_layer_steps_with_its_averaged_gradient_at_once():
+    """The first step after unfreezing a layer frozen at wrap time sends that layer's gradient:
+    ``p.grad`` after ``step()`` is the ranks' average of their local gradients, whether the
+    layer's gradient comes last in the backward (fc1) or first (fc3).  It used to be zeros
+    on every rank: the bucket launched before the new hook existed."""
+    for name in ("fc1", "fc3"):
+        model = make()
+        layer = getattr(model, name)
+        layer.requires_grad_(False)
+        opt = hg_opt(model, controller=hg.Dense())   # one bucket: the other layers launch it
+        train(model, opt, 2)
+        layer.requires_grad_(True)
+        opt.zero_grad()
+        loss_of(model, 2).backward()
+        local = layer.weight.grad.clone()   # not yet replaced: that happens in synchronize
+        want = hvd.allreduce(local, name=f"compat.unfreeze.{name}")
+        opt.step()
+        assert_same(want, layer.weight.grad, f"the first averaged gradient of the unfrozen {name}", bitwise=False)
+        assert local.abs().sum() > 0
+        release(opt)
 
 
 class Grown(torch.nn.Module):
