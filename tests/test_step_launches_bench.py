@@ -1,6 +1,7 @@
 """benchmarks/step_launches.py: what the optimizer adds to a step, counted and timed, with the
 accelerators' paths forced on the CPU and put back afterwards."""
 import pytest
+import torch
 
 pytest.importorskip("horovod.torch")
 import horovod_gravac.encoder as encoder  # noqa: E402
@@ -19,7 +20,9 @@ def test_step_launches_counts_per_bucket_work_and_restores_the_paths(capsys):
     assert set(rows) == {"plain", "dense", "dgc-10"}, text
     assert "accelerator code paths" in text and "41 parameter tensors" in text, text
     launches, views, syncs = (int(v) for v in rows["dense"][1:4])
-    assert 0 < launches < 41 and syncs == 1, text   # per bucket, not per parameter; the NaN check's sync
+    assert launches > 0 and syncs == 1, text   # the NaN check's sync
+    if hasattr(torch, "_foreach_copy_"):      # (torch 2.0 copies the gradients back one by one)
+        assert launches < 41, text            # per bucket, not per parameter
     assert int(rows["dgc-10"][3]) == 2, text          # and DGC's nonzero
     assert float(rows["dense"][4]) > 0, text
 
