@@ -156,12 +156,27 @@ def _after_grad_accumulated(p, hook):
         return p.register_post_accumulate_grad_hook(hook)
     with torch.enable_grad():   # (also called from a hook, where backward has turned it off)
         node = p.expand_as(p).grad_fn.next_functions[0][0]
-    return node, node.register_hook(lambda grad_inputs, grad_outputs: hook(p))
+    return _AccumulatorHook(node, node.register_hook(lambda grad_inputs, grad_outputs: hook(p)))
+
+
+class _AccumulatorHook:
+    """A hook's handle together with the accumulator node it is on; ``remove()`` as a handle's."""
+
+    def __init__(self, node, handle):
+        self.node, self.handle = node, handle
+
+    def remove(self) -> None:
+        self.handle.remove()
+        self.node = None
 
 
 class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, opts: dict):
         super(self.__class__, self).__init__(params)
+        # The wrapped optimizer's defaults, not its class's: add_param_group fills a new
+        # group's missing values from them (SGD(lr=0.05) must give a new group lr 0.05, not
+        # torch's 1e-3; on torch 2.0, where SGD's lr has no default, not an error).
+        self.defaults = dict(opts["defaults"])
         controller = opts["controller"]
         self._timeout = comm.resolve_timeout(opts["timeout_s"])   # seconds per collective (inf: none)
         self._controller = controller
@@ -759,7 +774,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                 check_consistency=check_consistency, momentum_correction=momentum_correction,
                 local_clip_norm=local_clip_norm, timeout_s=timeout_s,
                 nonfinite=nonfinite, grad_scaler=grad_scaler,
-                join_safe=join_safe)
+                join_safe=join_safe, defaults=optimizer.defaults)
     attrs = {k: v for cls in (_ElasticSupport, _GravacDistributedOptimizer) for k, v in cls.__dict__.items()
              if k not in ("__dict__", "__weakref__")}
     attrs["__module__"] = _HOROVOD_OPTIMIZER_MODULE   # see the note at its definition

@@ -60,7 +60,9 @@ PIP=("$PY" -m pip --disable-pip-version-check -q)
 
 say "installing torch==$TORCH_VERSION and Horovod's build requirements"
 # setuptools<70: Horovod 0.28.1's setup.py imports pkg_resources-era APIs.
-"${PIP[@]}" install "torch==$TORCH_VERSION" numpy cloudpickle psutil pyyaml packaging cffi
+# torch before 2.3 was built against NumPy 1.x: NumPy 2 breaks its tensor <-> array calls.
+case "$TORCH_VERSION" in 1.*|2.0.*|2.1.*|2.2.*) NUMPY_SPEC="numpy<2" ;; *) NUMPY_SPEC="numpy" ;; esac
+"${PIP[@]}" install "torch==$TORCH_VERSION" "$NUMPY_SPEC" cloudpickle psutil pyyaml packaging cffi
 if [ "$WITH_MPI" = "1" ]; then "${PIP[@]}" install mpi4py; fi
 
 # --- Horovod, built against this torch ----------------------------------------

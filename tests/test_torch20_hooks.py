@@ -80,4 +80,6 @@ def test_accumulator_node_hooks_keep_their_node(monkeypatch):
         gc.collect()
         (p * 2).sum().backward()
     assert calls == [p, p, p] and torch.equal(p.grad, torch.full((3,), 6.0))
-    del keep
+    keep.remove()   # as a hook handle's: the hook no longer fires
+    (p * 2).sum().backward()
+    assert len(calls) == 3

@@ -333,6 +333,9 @@ def test_add_param_group_after_wrapping():
                                           controller=ctrl_fn(), timeout_s=TIMEOUT_S)
             train(model, opt, 3)
             opt.add_param_group({"params": list(model.extra.parameters())})
+            # filled from the wrapped SGD's own values, as plain SGD's add_param_group does
+            assert (opt.param_groups[-1]["lr"], opt.param_groups[-1]["momentum"]) == (0.05, 0.9), \
+                opt.param_groups[-1]
             model.use_extra = True
             before = model.extra.weight.detach().clone()
             train(model, opt, 5, first=3)
