@@ -53,6 +53,8 @@ def primitives(n: int, device: torch.device, repeats: int) -> list:
         (f"topk {count // 2} of {count} candidates", lambda: torch.topk(cand, count // 2, sorted=False)),
         (f"index_select {count}", lambda: a.index_select(0, torch.nonzero(mask).view(-1))),
     ]
+    if not hasattr(torch, "nonzero_static"):   # torch < 2.1
+        rows = [row for row in rows if not row[0].startswith("nonzero_static")]
     return [(name, median_ms(fn, device, repeats)) for name, fn in rows]
 
 

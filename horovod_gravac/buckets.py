@@ -94,7 +94,11 @@ def views_like(flat: torch.Tensor, like, offsets) -> List[torch.Tensor]:
     # (offsets that start at 0 and end at the buffer's end tile it: they are a bucket's)
     if offsets and offsets[0][0] == 0 and offsets[-1][1] == flat.numel() and len(like) == len(offsets) \
             and not any(t is None for t in like):
-        return list(_unflatten_dense_tensors(flat, like))
+        views = list(_unflatten_dense_tensors(flat, like))
+        for i, (v, t) in enumerate(zip(views, like)):
+            if v.shape != t.shape:   # an empty tensor comes back 1-D (torch 2.0)
+                views[i] = v.view(t.shape)
+        return views
     return [flat[s:e] if t is None else flat[s:e].view(t.shape) for t, (s, e) in zip(like, offsets)]
 
 

@@ -2,6 +2,8 @@
 every row, and the comparison reads the committed H100 sweeps back into the figures quoted."""
 import os
 
+import torch
+
 from benchmarks import device_primitives, sweep_compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -12,7 +14,7 @@ def test_device_primitives_prints_each_primitive_and_a_per_operation_trace(capsy
     assert device_primitives.main(["--sizes", "65536", "--repeats", "2", "--trace", "sidco-exp:100:65536"]) == 0
     out = capsys.readouterr().out
     for label in ("nonzero (", "nonzero_static (size", "sort", "copy 32768 values to the host"):
-        assert label in out, label
+        assert label in out or (label == "nonzero_static (size" and not hasattr(torch, "nonzero_static")), label
     trace = out[out.index("## sidco-exp CF 100"):]
     ops = [ln.split() for ln in trace.splitlines()[1:] if ln.startswith("  ") and not ln.strip().startswith("by")]
     assert ops and all(float(row[-1]) >= 0 for row in ops)

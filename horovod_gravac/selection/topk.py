@@ -119,7 +119,10 @@ def _topk_pair(values: torch.Tensor, k: int, generator,
     if k <= 0:
         return torch.empty(0, dtype=torch.int64, device=values.device), None
     if n <= _TINY:   # fixed costs dominate: one call
-        idx = torch.topk(values.abs(), k, sorted=False).indices
+        mag = values.abs()
+        if mag.dtype == torch.float16 and mag.device.type == "cpu":   # (torch 2.0 has no fp16 topk there)
+            mag = mag.float()
+        idx = torch.topk(mag, k, sorted=False).indices
         if not pad_zeros and _numpy_path(values):
             idx = idx[values.index_select(0, idx) != 0]
         return idx, None
