@@ -238,8 +238,9 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             self._register_hooks()
 
     def _register_hooks(self) -> None:
-        """A post-accumulate hook on every parameter that requires a gradient and has none
-        yet (called again after each step, so a layer unfrozen later joins in)."""
+        """A hook after gradient accumulation (``_after_grad_accumulated``) on every parameter
+        that requires a gradient and has none yet; called again at each step's first hook,
+        so a layer unfrozen between steps joins in at once."""
         params = [p for b in self._buckets for p in b.params] + list(self._sparse)
         for p in params:
             if p.requires_grad and id(p) not in self._hooked:
