@@ -35,9 +35,11 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+#: The aten operations that make an accelerator wait for the host (a result whose size or
+#: value Python needs); tests/test_host_syncs.py counts with the same set.
 SYNC_OPS = {"aten::nonzero", "aten::nonzero_static", "aten::masked_select", "aten::_local_scalar_dense",
             "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_consecutive",
-            "aten::repeat_interleave", "aten::is_nonzero", "aten::equal"}
+            "aten::unique_dim", "aten::repeat_interleave", "aten::is_nonzero", "aten::equal"}
 FREE = {"aten::detach", "aten::lift_fresh", "aten::alias"}   # no kernel, no new tensor data
 
 
@@ -58,18 +60,27 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@contextlib.contextmanager
-def accelerator_paths():
-    """The code paths a GPU runs, on CPU tensors (as tests/test_host_syncs.py forces them)."""
-    import horovod_gravac.encoder as encoder
-    import horovod_gravac.native as native
+def selection_accelerator_patches():
+    """``(module, attribute, replacement)``: the selectors' accelerator paths on CPU tensors
+    (tests/test_host_syncs.py's ``accelerator_path`` fixture applies the same)."""
     import horovod_gravac.selection.base as selection_base
     import horovod_gravac.selection.kernels as kernels
     import horovod_gravac.selection.redsync as redsync
     import horovod_gravac.selection.sampling as sampling
-    patches = [(encoder, "_reads_back_freely", lambda t: False), (kernels, "_chunked", lambda flat: False),
-               (kernels, "host_path", lambda flat: False), (sampling, "_sorts", lambda sample: True),
-               (redsync, "_resolves", lambda values: True), (selection_base, "_exact_further", lambda v: True)]
+    return [(kernels, "_chunked", lambda flat: False),
+            (kernels, "host_path", lambda flat: False),            # the CPU host path has no device
+            (sampling, "_sorts", lambda sample: True),              # thresholds off one sort, as on a GPU
+            (redsync, "_resolves", lambda values: True),            # RedSync's steps resolved, as on a GPU
+            (selection_base, "_exact_further", lambda values: True)]   # further: one topk
+
+
+@contextlib.contextmanager
+def accelerator_paths():
+    """The code paths a GPU runs, on CPU tensors: the selectors', the encoder's (no free
+    reads of a norm), and the native kernels off."""
+    import horovod_gravac.encoder as encoder
+    import horovod_gravac.native as native
+    patches = [(encoder, "_reads_back_freely", lambda t: False)] + selection_accelerator_patches()
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     previous = native.use("off")
     try:

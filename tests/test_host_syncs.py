@@ -21,12 +21,9 @@ import horovod_gravac.selection.base as selection_base
 import horovod_gravac.selection.kernels as kernels
 import horovod_gravac.selection.redsync as redsync
 import horovod_gravac.selection.sampling as sampling
+from benchmarks.step_launches import SYNC_OPS, selection_accelerator_patches
 from horovod_gravac.compressors import (DGCCompressor, RandomKCompressor, RedSyncCompressor,
                                         SIDCoCompressor, TopKCompressor)
-
-SYNC_OPS = {"aten::nonzero", "aten::nonzero_static", "aten::masked_select", "aten::_local_scalar_dense",
-            "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_consecutive",
-            "aten::unique_dim", "aten::repeat_interleave", "aten::is_nonzero", "aten::equal"}
 
 
 class SyncCounter(TorchDispatchMode):
@@ -59,11 +56,8 @@ DOCUMENTED = {
 
 @pytest.fixture
 def accelerator_path(monkeypatch):
-    monkeypatch.setattr(kernels, "_chunked", lambda flat: False)
-    monkeypatch.setattr(kernels, "host_path", lambda flat: False)   # the CPU host path has no device
-    monkeypatch.setattr(sampling, "_sorts", lambda sample: True)    # thresholds off one sort, as on a GPU
-    monkeypatch.setattr(redsync, "_resolves", lambda values: True)  # RedSync's steps resolved, as on a GPU
-    monkeypatch.setattr(selection_base, "_exact_further", lambda values: True)   # further: one topk
+    for module, name, replacement in selection_accelerator_patches():
+        monkeypatch.setattr(module, name, replacement)
 
 
 @pytest.fixture(params=["native", "torch", "accelerator"])
@@ -527,7 +521,6 @@ def test_launches_per_optimizer_step_do_not_grow_with_the_parameter_count(accele
     import horovod_gravac as hg
     import horovod_gravac.encoder as encoder
     import horovod_gravac.native as native
-    from benchmarks.step_launches import OpCounter
     hvd.init()
     monkeypatch.setattr(encoder, "_reads_back_freely", lambda t: False)
     previous = native.use("off")
@@ -544,7 +537,7 @@ def test_launches_per_optimizer_step_do_not_grow_with_the_parameter_count(accele
             for step in range(4):
                 opt.zero_grad()
                 loss = sum((p * (i + 1)).pow(2).sum() for i, p in enumerate(params))
-                with OpCounter() as c:
+                with Launches() as c:
                     loss.backward()
                     opt.step()
             if wrap:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.step_launches import SYNC_OPS
 from horovod_gravac import native
 from horovod_gravac.compressors import TopKCompressor, kept_count
 from horovod_gravac.selection import sampling
@@ -245,16 +246,12 @@ def test_device_path_syncs_once(monkeypatch, order_statistic):
 class SyncCounter(TorchDispatchMode):
     """Counts the aten operations that make an accelerator wait for the host (as tests/test_host_syncs.py)."""
 
-    SYNC_OPS = {"aten::nonzero", "aten::nonzero_static", "aten::masked_select", "aten::_local_scalar_dense",
-                "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_consecutive",
-                "aten::unique_dim", "aten::repeat_interleave", "aten::is_nonzero", "aten::equal"}
-
     def __init__(self):
         super().__init__()
         self.ops = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func._schema.name in self.SYNC_OPS:
+        if func._schema.name in SYNC_OPS:
             self.ops[func._schema.name] += 1
         return func(*args, **(kwargs or {}))
 
