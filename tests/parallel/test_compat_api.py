@@ -347,3 +347,79 @@ def test_add_param_group_after_wrapping():
             record_failure(failures, name, exc)
     if failures:
         raise AssertionError(" | ".join(failures))
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic graphs: parameters that get no gradient on some ranks, or on every rank
+class Branchy(torch.nn.Module):
+    """Two alternative first layers and a shared head.  Which branches run is chosen per rank
+    and per backward pass, as in stochastic depth or mixture-of-experts routing."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.left = torch.nn.Linear(16, 32)
+        self.right = torch.nn.Linear(16, 32)
+        self.head = torch.nn.Linear(32, 4)
+        self.route = ("left",)
+
+    def forward(self, x):
+        h = sum(getattr(self, name)(x) for name in self.route)
+        return self.head(torch.relu(h))
+
+
+def _route(step, micro):
+    """Rank-dependent routes; on odd steps no rank uses ``right`` at all."""
+    if step % 2:
+        return ("left",)
+    return (("left",), ("right",), ("left", "right"))[(hvd.rank() + step // 2 + micro) % 3]
+
+
+def _train_branchy(model, opt, steps, bpps):
+    for step in range(steps):
+        opt.zero_grad()
+        for micro in range(bpps):
+            model.route = _route(step, micro)
+            loss_of(model, step * bpps + micro).backward()
+        opt.step()
+
+
+def _branchy_sgd(model):
+    # weight decay and momentum: a zero gradient and no gradient step differently
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-2)
+
+
+@pytest.mark.sizes(2, 3)
+def test_parameters_without_gradients_on_some_ranks():
+    """A parameter that gets no gradient on a rank still takes part in its bucket there, as
+    Horovod's optimizer submits zeros for it: with Dense the parameters (and which
+    ``p.grad`` are None) equal hvd.DistributedOptimizer's, with every bucket layout and with
+    gradient accumulation; compressed, the ranks stay identical and a branch that only one
+    rank ran is still trained.  A step where no rank ran a branch leaves it as Horovod does."""
+    failures = []
+    for bpps in (1, 2):
+        a = make(Branchy)
+        ref = hvd_opt(a, base=_branchy_sgd(a), backward_passes_per_step=bpps)
+        _train_branchy(a, ref, 6, bpps)
+        ref_none = [p.grad is None for p in a.parameters()]
+        layouts = {"one bucket": {}, "a bucket per tensor": dict(bucket_cap_mb=1e-6)}
+        for layout, extra in layouts.items():
+            for name, ctrl_fn in _ctrl3():
+                what = f"{name}, {layout}, backward_passes_per_step={bpps}"
+                try:
+                    b = make(Branchy)
+                    before = b.right.weight.detach().clone()
+                    opt = hg_opt(b, base=_branchy_sgd(b), controller=ctrl_fn(),
+                                 backward_passes_per_step=bpps, **extra)
+                    _train_branchy(b, opt, 6, bpps)
+                    release(opt)
+                    assert_ranks_identical(flat(b), what)
+                    if name == "Dense":
+                        assert_same(flat(a), flat(b), what)
+                        got_none = [p.grad is None for p in b.parameters()]
+                        assert got_none == ref_none, f"{what}: p.grad is None {got_none}, Horovod's {ref_none}"
+                    assert not torch.equal(before, b.right.weight.detach()), f"{what}: right was not trained"
+                except Exception as exc:
+                    record_failure(failures, what, exc)
+    if failures:
+        raise AssertionError(" | ".join(failures))
