@@ -79,6 +79,36 @@ from .transfers import Link, WarmStarts
 # which here would run a whole distributed step on zero gradients.  Our wrapper
 # classes claim that module so Horovod treats them exactly like its own.
 _HOROVOD_OPTIMIZER_MODULE = hvd.DistributedOptimizer.__module__
+
+
+def _unhooked_step(cls):
+    """``cls.step`` without the wrapper torch puts around every optimizer class's ``step``
+    (``Optimizer.profile_hook_step``), which runs the step pre/post hooks.  The
+    wrapper's own ``step`` carries that wrapper too, so calling the hooked inner step would
+    run every hook twice a step (``hvd.DistributedOptimizer`` does: an EMA kept by a post
+    hook would move twice)."""
+    step = cls.step
+    return step.__wrapped__ if getattr(step, "hooked", False) else step
+
+
+def _state_init_step(self, closure=None):
+    """The ``step`` that ``super(type(opt), opt).step()`` reaches: Horovod's
+    ``broadcast_optimizer_state`` calls it on zero gradients, on a rank whose optimizer has
+    no state yet, to create that state.  The wrapped optimizer's step still applies weight
+    decay there (SGD's and Adam's L2 term, AdamW's and ASGD's decay), so in the resume
+    recipe, where rank 0 loaded a checkpoint and the other ranks start empty, only the
+    other ranks' parameters moved, and the ranks trained on apart from then on
+    (``hvd.DistributedOptimizer`` does this).  Here the state is created and the parameters
+    are put back, so the call creates state and nothing else.  It copies the parameters
+    once, which happens only in that call."""
+    params = [p for group in self.param_groups for p in group["params"]]
+    before = [p.detach().clone() for p in params]
+    try:
+        return _unhooked_step(self._optimizer_class)(self, closure)   # not a step: no step hooks
+    finally:
+        with torch.no_grad():
+            for p, kept in zip(params, before):
+                p.copy_(kept)
 NONFINITE_POLICIES = ("propagate", "zero")
 
 
@@ -130,6 +160,13 @@ class _ElasticSupport:
     def world_size(self) -> int:
         """Ranks taking part (the process set's size; it changes in elastic training)."""
         return self._link.world
+
+    @property
+    def _parameter_names(self) -> Dict[torch.nn.Parameter, str]:
+        """{parameter: name} for every parameter of the optimizer, as Horovod's optimizer
+        keeps it (Horovod's own tests read it); unnamed ones are ``param.<group>.<index>``."""
+        return {p: self._names.get(id(p), f"param.{i}.{j}")
+                for i, group in enumerate(self.param_groups) for j, p in enumerate(group["params"])}
 
     def bucketed_parameters(self) -> List[Tuple[str, torch.nn.Parameter]]:
         """(name, parameter) of every parameter sent in a bucket (sparse ones are not)."""
@@ -447,7 +484,9 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                               "context after optimizer.synchronize().")
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        # the wrapped class's step itself, past _state_init_step and past torch's hook
+        # wrapper (this method has its own, so the step hooks run once)
+        return _unhooked_step(self._optimizer_class)(self, closure)
 
     def zero_grad(self, set_to_none: bool = True):
         if any(b.transfer is not None for b in self._buckets) or self._sparse.in_flight():
@@ -779,5 +818,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     attrs = {k: v for cls in (_ElasticSupport, _GravacDistributedOptimizer) for k, v in cls.__dict__.items()
              if k not in ("__dict__", "__weakref__")}
     attrs["__module__"] = _HOROVOD_OPTIMIZER_MODULE   # see the note at its definition
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), attrs)
+    attrs["_optimizer_class"] = optimizer.__class__
+    # wrapper -> state-creating step -> the user's class: Horovod's super(type(opt), opt).step()
+    # lands in the middle one (see _state_init_step)
+    state_init = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                      {"step": _state_init_step, "__module__": _HOROVOD_OPTIMIZER_MODULE})
+    cls = type(optimizer.__class__.__name__, (state_init,), attrs)
     return cls(optimizer.param_groups, named_parameters, opts)

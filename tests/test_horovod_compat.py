@@ -1,6 +1,8 @@
 """``horovod_gravac.DistributedOptimizer`` as a drop-in for ``hvd.DistributedOptimizer``.
 
-The tests are in parallel/test_compat_*.py and run on real Horovod ranks: one horovodrun
+The tests are in parallel/test_compat_*.py, and Horovod's own DistributedOptimizer cases
+(its test/parallel/test_torch.py, written again) in parallel/test_horovod_cases.py.  They
+run on real Horovod ranks: one horovodrun
 launch per group below, each rank running pytest on the group's files; a launch passes
 only if every rank's pytest passed.  Every launch has a timeout that kills all its ranks,
 Horovod's stall check shuts a stalled collective down before that, and the optimizer's
@@ -72,6 +74,9 @@ GROUPS = {
     # alone: it may leave state behind
     "np2-stock": (2, ["test_compat_stock.py"], 120),
     "np3": (3, ["test_compat_api.py", "test_compat_collectives.py"], 300),
+    # Horovod's own DistributedOptimizer cases; add_process_set needs dynamic process sets
+    "np2-horovod-cases": (2, ["test_horovod_cases.py"], 240, {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}),
+    "np3-horovod-cases": (3, ["test_horovod_cases.py"], 240, {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}),
 }
 
 
@@ -79,7 +84,8 @@ GROUPS = {
 def test_compat(group):
     if group == "np2-amp" and not hasattr(torch.amp, "GradScaler"):
         pytest.skip("torch < 2.3: no torch.amp.GradScaler (none on the CPU)")
-    run(*GROUPS[group])
+    ranks, files, timeout, *env = GROUPS[group]
+    run(ranks, files, timeout, env=env[0] if env else None)
 
 
 def test_compat_on_torch20s_hook_path():

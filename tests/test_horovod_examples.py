@@ -54,16 +54,25 @@ def test_mnist_like(impl):
         assert sha == ref, "mnist_like: hg Dense parameters differ from hvd.DistributedOptimizer's"
 
 
-def _imagenet(impl, tmp_root):
-    ckpt = tmp_root / impl / "checkpoint-{epoch}.pth.tar"
+def ranks_max_diff(out):
+    found = re.findall(r"RANKS_MAX_DIFF (\S+)", out)
+    assert len(found) == 1, f"no RANKS_MAX_DIFF line\n{out[-3000:]}"
+    return float(found[0])
+
+
+def _imagenet(impl, tmp_root, wd=None):
+    """The example's fresh run (2 epochs), then its resume from checkpoint-2 (a third epoch):
+    (sha, ranks' max parameter difference) of each."""
+    tag = impl if wd is None else f"{impl}-wd{wd}"
+    ckpt = tmp_root / tag / "checkpoint-{epoch}.pth.tar"
     ckpt.parent.mkdir(parents=True, exist_ok=True)
-    fmt = ["--checkpoint-format", str(ckpt)]
+    fmt = ["--checkpoint-format", str(ckpt)] + ([] if wd is None else ["--wd", str(wd)])
     first, out1 = run_example("imagenet_resnet50_like.py", 2, impl, ["--epochs", "2", *fmt])
     assert "resume_from_epoch 0" in out1, out1[-2000:]
     assert Path(str(ckpt).format(epoch=2)).exists(), "rank 0 did not save checkpoint-2"
     resumed, out2 = run_example("imagenet_resnet50_like.py", 2, impl, ["--epochs", "3", *fmt])
     assert "resume_from_epoch 2" in out2, f"the second run did not resume:\n{out2[-2000:]}"
-    return first, resumed
+    return (first, ranks_max_diff(out1)), (resumed, ranks_max_diff(out2))
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +82,28 @@ def imagenet_tmp(tmp_path_factory):
 
 @pytest.mark.parametrize("impl", list(IMPLS))
 def test_imagenet_resnet50_like_fresh_then_resume(impl, imagenet_tmp):
-    first, resumed = cached(("imagenet", impl), lambda: _imagenet(impl, imagenet_tmp))
+    """The example as it is (weight decay 5e-5).  Every rank must hold the same model after
+    the fresh run and after the resume.  Horovod's own optimizer fails the second: in
+    ``broadcast_optimizer_state`` the ranks that did not load the checkpoint create their
+    optimizer state with a step that applies weight decay to their parameters alone (see
+    ``horovod_gravac.optimizer._state_init_step``).  That is shown, not asserted, for hvd."""
+    (first, diff1), (resumed, diff2) = cached(("imagenet", impl), lambda: _imagenet(impl, imagenet_tmp))
     assert first != resumed, "the resumed run did not train"
-    if impl == "hg-dense":
-        ref = cached(("imagenet", "hvd"), lambda: _imagenet("hvd", imagenet_tmp))
-        assert first == ref[0], "imagenet_like fresh run: hg Dense parameters differ from hvd's"
-        assert resumed == ref[1], "imagenet_like resumed run: hg Dense parameters differ from hvd's"
+    if impl == "hvd":
+        print(f"hvd.DistributedOptimizer: ranks apart by {diff1} after the fresh run, {diff2} after the resume")
+        return
+    assert diff1 == 0.0, f"imagenet_like fresh run with {impl}: ranks' parameters differ by {diff1}"
+    assert diff2 == 0.0, f"imagenet_like resumed run with {impl}: ranks' parameters differ by {diff2}"
+
+
+def test_imagenet_resnet50_like_dense_equals_hvd_without_weight_decay(imagenet_tmp):
+    """Without weight decay Horovod's state-creating step leaves the parameters alone, so
+    there hg Dense must give hvd's parameters bitwise, fresh and resumed."""
+    ref = cached(("imagenet", "hvd", 0), lambda: _imagenet("hvd", imagenet_tmp, wd=0))
+    got = cached(("imagenet", "hg-dense", 0), lambda: _imagenet("hg-dense", imagenet_tmp, wd=0))
+    assert ref[0][1] == ref[1][1] == 0.0, f"hvd's ranks differ without weight decay: {ref}"
+    assert got[0][0] == ref[0][0], "imagenet_like fresh run, wd 0: hg Dense parameters differ from hvd's"
+    assert got[1][0] == ref[1][0], "imagenet_like resumed run, wd 0: hg Dense parameters differ from hvd's"
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,12 @@ def distributed_optimizer(args, hvd):
 
 
 def report_params(args, hvd, model):
+    """Rank 0 prints a hash of its parameters and how far the other ranks' are from them
+    (``RANKS_MAX_DIFF 0.0``: every rank holds the same model)."""
     flat = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+    everyone = hvd.allgather(flat.reshape(1, -1), name='report_params')
     if hvd.rank() == 0:
         if args.save_params:
             torch.save(flat, args.save_params)
         print('PARAMS_SHA %s' % hashlib.sha256(flat.numpy().tobytes()).hexdigest(), flush=True)
+        print('RANKS_MAX_DIFF %r' % (everyone - flat).abs().max().item(), flush=True)

@@ -10,7 +10,7 @@ import torch
 import horovod.torch as hvd
 import horovod_gravac as hg
 
-from compat_helpers import (TIMEOUT_S, EmbNet, Net, assert_ranks_identical, assert_same, emb_batch,
+from compat_helpers import (TIMEOUT_S, EmbNet, Net, assert_ranks_identical, assert_same, batch, emb_batch,
                            flat, hg_opt, hvd_opt, loss_of, make, note, record_failure, release, sgd, train)
 
 pytestmark = pytest.mark.sizes(2)
@@ -423,3 +423,116 @@ def test_parameters_without_gradients_on_some_ranks():
                     record_failure(failures, what, exc)
     if failures:
         raise AssertionError(" | ".join(failures))
+
+
+# ---------------------------------------------------------------------------------------------
+# torch's optimizer step hooks, and Horovod's state-creating step
+def _hook_calls(opt):
+    calls = []
+    opt.register_step_pre_hook(lambda *_: calls.append("pre"))
+    opt.register_step_post_hook(lambda *_: calls.append("post"))
+    return calls
+
+
+def test_step_hooks_run_once_a_step():
+    """``register_step_pre_hook`` / ``register_step_post_hook`` run once per ``step()``, as on
+    the plain optimizer (an EMA kept by a post hook must move once a step), also through
+    ``synchronize()`` + ``skip_synchronize()``, and not at all in ``broadcast_optimizer_state``,
+    which is not a step.  Horovod's optimizer runs them twice a step (noted, not asserted)."""
+    reference = make()
+    theirs = hvd_opt(reference)
+    their_calls = _hook_calls(theirs)
+    train(reference, theirs, 1)
+    note(f"hvd.DistributedOptimizer: {their_calls} for one step")
+    for name, ctrl_fn in _ctrl3():
+        model = make()
+        opt = hg_opt(model, controller=ctrl_fn())
+        calls = _hook_calls(opt)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        assert calls == [], f"{name}: broadcast_optimizer_state ran the step hooks: {calls}"
+        train(model, opt, 2)
+        assert calls == ["pre", "post"] * 2, f"{name}: hooks ran {calls} in two steps"
+        opt.zero_grad()
+        loss_of(model, 9).backward()
+        opt.synchronize()
+        with opt.skip_synchronize():
+            opt.step()
+        assert calls == ["pre", "post"] * 3, f"{name}: hooks ran {calls} in three steps"
+        release(opt)
+
+
+def test_broadcast_optimizer_state_leaves_parameters_alone_with_weight_decay():
+    """``broadcast_optimizer_state`` creates missing state with the wrapped optimizer's step on
+    zero gradients; with weight decay that step moved the parameters.  In the resume recipe
+    only the ranks that did not load a checkpoint take it, so with Horovod's optimizer the
+    ranks end up apart (noted); here every rank keeps rank 0's parameters, and a fresh
+    optimizer's parameters do not move."""
+    def decayed(model):
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+
+    ref = make()
+    theirs = hvd_opt(ref, base=decayed(ref))
+    train(ref, theirs, 1)
+    saved_model, saved_opt = ref.state_dict(), theirs.state_dict()
+    for impl in ("hvd", "Dense", "StaticCF(10)"):
+        model = make(seed=7)
+        if impl == "hvd":
+            opt = hvd_opt(model, base=decayed(model))
+        else:
+            opt = hg_opt(model, base=decayed(model),
+                         controller=hg.Dense() if impl == "Dense" else hg.StaticCF(10))
+        fresh = flat(model).clone()
+        hvd.broadcast_optimizer_state(opt, root_rank=0)   # every rank fresh
+        moved = (flat(model) - fresh).abs().max().item()
+        if hvd.rank() == 0:   # the resume recipe: rank 0 loads, then both broadcasts
+            model.load_state_dict(saved_model)
+            opt.load_state_dict(saved_opt)
+        else:
+            opt.state.clear()   # the other ranks start from an empty state
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        if impl == "hvd":
+            everyone = hvd.allgather(flat(model).reshape(1, -1), name="compat.resume.hvd")
+            note(f"hvd.DistributedOptimizer: a fresh broadcast_optimizer_state moved the parameters "
+                 f"by {moved:.3e}; after the resume the ranks are apart by "
+                 f"{(everyone - everyone[0]).abs().max().item():.3e}")
+        else:
+            assert moved == 0.0, f"{impl}: broadcast_optimizer_state moved a fresh model by {moved:.3e}"
+            assert_ranks_identical(flat(model), f"{impl}: resume recipe with weight decay")
+            assert torch.equal(flat(model), flat(ref)), f"{impl}: the resumed model is not rank 0's checkpoint"
+            train(model, opt, 2, first=1)
+            assert_ranks_identical(flat(model), f"{impl}: two steps after the resume")
+        release(opt)
+
+
+def test_parameter_dtypes_against_horovod():
+    """Models held in fp16, bf16 or float64.  Gradients travel and are averaged in float32
+    (the wire and the residual are float32), then cast back: for fp16 Dense equals Horovod
+    bitwise (which averages in fp16), for float64 it differs from Horovod's float64 average
+    by float32 rounding, and bf16, which Horovod 0.28.1 refuses on the CPU, trains with ranks
+    identical.  The README's compatibility table quotes this."""
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        ref = make().to(dtype)
+        try:
+            train(ref, hvd_opt(ref), 3, data=lambda s: tuple(t.to(dtype) if t.is_floating_point() else t
+                                                              for t in batch(s)))
+            ref_flat = flat(ref).double()
+        except ValueError as exc:   # Horovod has no allreduce for this dtype here
+            note(f"hvd.DistributedOptimizer with {dtype}: {exc}")
+            ref_flat = None
+        for name, ctrl_fn in _ctrl3():
+            model = make().to(dtype)
+            opt = hg_opt(model, controller=ctrl_fn())
+            train(model, opt, 3, data=lambda s: tuple(t.to(dtype) if t.is_floating_point() else t
+                                                       for t in batch(s)))
+            assert all(p.dtype == dtype for p in model.parameters())
+            assert_ranks_identical(flat(model).double(), f"{name} with {dtype}")   # no bf16 allgather
+            if name == "Dense" and ref_flat is not None:
+                got = flat(model).double()
+                if dtype == torch.float16:
+                    assert_same(ref_flat, got, "Dense with fp16 parameters")
+                else:   # float64: float32 rounding of the averaged gradient, times lr
+                    diff = (ref_flat - got).abs().max().item()
+                    assert 0 < diff < 1e-6, f"Dense with float64 parameters: {diff:.3e} from Horovod's"
+                    note(f"Dense with float64 parameters: {diff:.3e} from Horovod's float64 average")
+            release(opt)
