@@ -33,6 +33,8 @@ class Bucket:
             start += p.numel()
         self.numel = start
         self.device = self.params[0].device if self.params else torch.device("cpu")
+        # float64 parameters only: a dense send averages them in float64, as Horovod does
+        self.float64 = bool(self.params) and all(p.dtype == torch.float64 for p in self.params)
         self.expected = len(self.params)   # hooks that must fire before it launches
 
     def remove(self, p) -> Tuple[int, int]:
@@ -55,7 +57,7 @@ class Bucket:
         return sum(1 for p in self.params if p.requires_grad and id(p) in hooked)
 
     def write_grads(self, aggregated: torch.Tensor) -> None:
-        """The combined gradient (flat float32) into each parameter's ``grad``: one
+        """The combined gradient (flat float32, or float64) into each parameter's ``grad``: one
         multi-tensor copy for the bucket (``torch._foreach_copy_``), since one ``copy_``
         per parameter is one kernel launch each on a GPU (314 a step for ResNet101)."""
         dense_grads, parts = [], []

@@ -62,7 +62,9 @@ class BucketEncoder:
                     if g is not None:
                         g.mul_(factor)
                 grad_sq = limit * limit
-        g_ef = None
+        g_ef = exact = None
+        if finite and self._float64_dense(bucket) and DENSE in (decision.candidate_cf, decision.send_cf):
+            exact = self._float64_g_ef(bucket, grads, scale)
         if finite:
             if self.grad_scaler is not None:
                 self.memory.snapshot(bucket.index)
@@ -79,7 +81,7 @@ class BucketEncoder:
             _park_frozen(bucket, g_ef)
             bucket.update_residual = True
             return self._compress(bucket, g_ef, decision, record, step_index, with_stats, measure=True,
-                                  scale=scale)
+                                  scale=scale, exact=exact)
         record.nonfinite += 1
         return self._nonfinite(bucket, grads, decision, record, step_index, with_stats)
 
@@ -97,18 +99,48 @@ class BucketEncoder:
                     flat[s:e].copy_(g.reshape(-1))   # float64 beyond float32's range -> inf
             if finite_tensor(flat):   # the overflow was in residual * scale + g: signal it
                 flat[0] = float("nan")
-            return DenseAllreduce(self.link, self.bucket_name(bucket), flat, with_stats, self.wire)
+            return self._dense(bucket, flat, with_stats)
         return self._compress(bucket, zeros, decision, record, step_index, with_stats, measure=False,
                               poison=True)
 
+    def _float64_g_ef(self, bucket, grads, scale: float) -> torch.Tensor:
+        """g_ef in float64 for a bucket of float64 parameters that may be sent dense: the
+        float32 g_ef has rounded each gradient already, and Horovod averages float64
+        gradients in float64.  Taken before the residual absorbs this step's gradient."""
+        out = torch.zeros(bucket.numel, dtype=torch.float64, device=bucket.device)
+        residual = self.memory.residuals.get(bucket.index)
+        if residual is not None and residual.numel() == bucket.numel:
+            out.add_(residual, alpha=scale)
+        for g, (s, e) in zip(grads, bucket.offsets):
+            if g is not None:
+                out[s:e].add_(g.reshape(-1))
+        return out
+
+    def _dense(self, bucket, flat, with_stats: bool, exact: Optional[torch.Tensor] = None) -> Transfer:
+        """A dense allreduce of ``flat`` (float32).  A bucket of float64 parameters travels in
+        float64 on every rank, whatever this rank's gradient (``exact`` where this rank has
+        it, else ``flat`` widened: a non-finite or zeroed bucket), since Horovod fails a
+        collective whose dtype differs between ranks."""
+        if self._float64_dense(bucket):
+            flat = exact if exact is not None else flat.double()
+        return DenseAllreduce(self.link, self.bucket_name(bucket), flat, with_stats, self.wire)
+
+    def _float64_dense(self, bucket) -> bool:
+        """Dense sends of this bucket are float64 (the same answer on every rank: the
+        start-up check makes dtypes and options agree).  Not with DGC's momentum
+        correction, whose velocity is float32 and part of g_ef."""
+        return bucket.float64 and self.memory.momentum is None
+
     def _compress(self, bucket, g_ef, decision: Decision, record: StepRecord, step_index: int,
-                  with_stats: bool, measure: bool, poison: bool = False, scale: float = 1.0) -> Transfer:
+                  with_stats: bool, measure: bool, poison: bool = False, scale: float = 1.0,
+                  exact: Optional[torch.Tensor] = None) -> Transfer:
+        """``exact``: g_ef in float64 (see ``_float64_g_ef``), sent instead of g_ef when dense."""
         name = self.bucket_name(bucket)
         delivery = measure and self.controller.tracks_delivery   # D += what this rank sends
         if decision.candidate_cf == DENSE:   # nothing to compress or measure: plain allreduce
             if delivery:
                 self._add_sent(bucket, scale, dense=g_ef)
-            return DenseAllreduce(self.link, name, g_ef, with_stats, self.wire)
+            return self._dense(bucket, g_ef, with_stats, exact)
         # theta_min == 1 keeps everything: the candidate then comes from g_ef directly.
         comp_min = self.compressor(decision.theta_min if decision.theta_min > DENSE else decision.candidate_cf)
         if comp_min.low_rank:
@@ -139,7 +171,7 @@ class BucketEncoder:
                 g_ef[0] = float("nan")
             if delivery:
                 self._add_sent(bucket, scale, dense=g_ef)
-            return DenseAllreduce(self.link, name, g_ef, with_stats, self.wire)
+            return self._dense(bucket, g_ef, with_stats, None if poison else exact)
         payload = payload_c if decision.send_cf == decision.candidate_cf else payload_min
         if delivery:
             self._add_sent(bucket, scale, values=payload.values, indices=payload.indices)

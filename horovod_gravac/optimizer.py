@@ -405,7 +405,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             bucket.transfer.advance()
         aggregates = []
         for bucket in self._buckets:
-            aggregated = bucket.transfer.finish()   # flat float32
+            aggregated = bucket.transfer.finish()   # flat float32 (float64: a dense float64 bucket)
             self._record.add_transfer(bucket.transfer)
             aggregates.append(aggregated)
             bucket.write_grads(aggregated)

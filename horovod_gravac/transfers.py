@@ -6,7 +6,8 @@ prepares the wire tensor and counts its bytes), then
     transfer.start(stats)   # submit the collective; ``stats``: the step's StepStats
                             # vector when this is the carrier bucket (see comm.py)
     transfer.advance()      # move to the last phase (PowerSGD: P done, start Q)
-    transfer.finish()       # the bucket's combined flat float32 gradient
+    transfer.finish()       # the bucket's combined flat gradient: float32, or float64
+                            # for a dense bucket of float64 parameters
 
 A carrier bucket (``with_stats=True``) is built, then started later, once every other
 bucket is compressed (the step's statistics are complete only then).  After ``finish``
@@ -101,7 +102,7 @@ class Transfer:
         link = self.link
         op, (pre, post) = (None, (1.0, 1.0)) if mean else (link.op, link.scale_factors())
         if stats is not None:
-            self.control_bytes += 4 * N_STATS
+            self.control_bytes += (8 if tensor.dtype == torch.float64 else 4) * N_STATS
             tensor = comm.with_stats(tensor, stats)
         return comm.allreduce_async(tensor, name, op, pre, post, link.process_set)
 
@@ -134,7 +135,7 @@ class DenseAllreduce(Transfer):
         out = self._split_stats(self._wait())
         if not self.with_stats:
             out = self.compression.decompress(out, self.ctx)
-        return out.float()
+        return out if out.dtype == torch.float64 else out.float()   # float64: see encoder._float64_g_ef
 
     def commit(self, memory, key):
         memory.sent_dense(key)

@@ -181,8 +181,10 @@ def read_slot_stats(summed: torch.Tensor, world: int, k_cap: int, n_stats: int) 
 
 
 def with_stats(flat: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
-    """A copy of ``flat`` (float32) with ``stats`` appended as float32, for an allreduce."""
-    return torch.cat([flat.reshape(-1).float(), stats.float().to(flat.device)])
+    """A copy of ``flat`` with ``stats`` appended, for an allreduce: in float32, or in
+    float64 when ``flat`` is float64 (a dense bucket of float64 parameters)."""
+    dtype = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    return torch.cat([flat.reshape(-1).to(dtype), stats.to(dtype).to(flat.device)])
 
 
 def split_stats(reduced: torch.Tensor, n: int):

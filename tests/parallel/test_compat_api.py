@@ -506,16 +506,18 @@ def test_broadcast_optimizer_state_leaves_parameters_alone_with_weight_decay():
 
 
 def test_parameter_dtypes_against_horovod():
-    """Models held in fp16, bf16 or float64.  Gradients travel and are averaged in float32
-    (the wire and the residual are float32), then cast back: for fp16 Dense equals Horovod
-    bitwise (which averages in fp16), for float64 it differs from Horovod's float64 average
-    by float32 rounding, and bf16, which Horovod 0.28.1 refuses on the CPU, trains with ranks
-    identical.  The README's compatibility table quotes this."""
+    """Models held in fp16, bf16 or float64.  Compressed gradients travel in float32 and error
+    feedback keeps float32 residuals; a dense send of float64 parameters is averaged in
+    float64.  So Dense equals Horovod bitwise for fp16 (both average in fp16 or exactly
+    representable sums of two) and for float64 (both in float64); bf16, which Horovod 0.28.1
+    refuses on the CPU, trains with ranks identical.  The README's compatibility table quotes
+    this."""
     for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        def data(step):
+            return tuple(t.to(dtype) if t.is_floating_point() else t for t in batch(step))
         ref = make().to(dtype)
         try:
-            train(ref, hvd_opt(ref), 3, data=lambda s: tuple(t.to(dtype) if t.is_floating_point() else t
-                                                              for t in batch(s)))
+            train(ref, hvd_opt(ref), 3, data=data)
             ref_flat = flat(ref).double()
         except ValueError as exc:   # Horovod has no allreduce for this dtype here
             note(f"hvd.DistributedOptimizer with {dtype}: {exc}")
@@ -523,16 +525,31 @@ def test_parameter_dtypes_against_horovod():
         for name, ctrl_fn in _ctrl3():
             model = make().to(dtype)
             opt = hg_opt(model, controller=ctrl_fn())
-            train(model, opt, 3, data=lambda s: tuple(t.to(dtype) if t.is_floating_point() else t
-                                                       for t in batch(s)))
+            train(model, opt, 3, data=data)
             assert all(p.dtype == dtype for p in model.parameters())
             assert_ranks_identical(flat(model).double(), f"{name} with {dtype}")   # no bf16 allgather
             if name == "Dense" and ref_flat is not None:
-                got = flat(model).double()
-                if dtype == torch.float16:
-                    assert_same(ref_flat, got, "Dense with fp16 parameters")
-                else:   # float64: float32 rounding of the averaged gradient, times lr
-                    diff = (ref_flat - got).abs().max().item()
-                    assert 0 < diff < 1e-6, f"Dense with float64 parameters: {diff:.3e} from Horovod's"
-                    note(f"Dense with float64 parameters: {diff:.3e} from Horovod's float64 average")
+                assert_same(ref_flat, flat(model).double(), f"Dense with {dtype} parameters")
+                if dtype == torch.float64:
+                    assert opt.stats["bytes_sent"] == 8 * sum(p.numel() for p in model.parameters()), \
+                        f"Dense with float64 parameters sent {opt.stats['bytes_sent']} bytes"
             release(opt)
+
+
+def test_float64_dense_fallback_steps_average_in_float64():
+    """GraVAC's dense steps on float64 parameters send g + residual in float64: with the
+    residual zero (a Dense-like start) the first step equals Horovod's bitwise; with a
+    residual from compressed steps every rank still ends identical."""
+    def data(step):
+        return tuple(t.double() if t.is_floating_point() else t for t in batch(step))
+    ref = make().double()
+    train(ref, hvd_opt(ref), 1, data=data)
+    model = make().double()
+    # theta_min 1: dense until the ladder's first check, then compressed candidates
+    opt = hg_opt(model, controller=hg.GraVAC(theta_min=1, theta_max=16, epsilon=0.3, window=2))
+    train(model, opt, 1, data=data)
+    assert opt.stats["cf"] == 1, opt.stats
+    assert_same(flat(ref), flat(model), "GraVAC's first (dense) step on float64 parameters")
+    train(model, opt, 8, data=data, first=1)
+    assert_ranks_identical(flat(model), "GraVAC on float64 parameters")
+    release(opt)

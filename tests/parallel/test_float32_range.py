@@ -87,3 +87,25 @@ def test_large_finite_float32_is_sent():
             raise AssertionError(f"{name}: a finite gradient was flagged non-finite: {flagged}")
         for h in opt._hooks:
             h.remove()
+
+
+def test_float64_bucket_zeroed_on_one_rank_keeps_the_wire_dtype():
+    """``nonfinite="zero"``: the rank whose float64 gradient does not fit float32 sends zeros;
+    a dense float64 bucket must still travel as float64 there (Horovod fails a collective
+    whose dtype differs between ranks), and every rank gets the same finite update."""
+    for name, ctrl in CONTROLLERS:
+        m = model(torch.float64)
+        opt = hg.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(),
+                                      controller=ctrl(), timeout_s=60, nonfinite="zero")
+        for step in range(4):
+            poisoned_step(m, opt, step, 1e39 if step == 1 else None, {SIZE - 1})
+            if not all(torch.isfinite(p.grad).all() for p in m.parameters()):
+                raise AssertionError(f"{name}: a non-finite gradient reached step {step}")
+            with opt.skip_synchronize():
+                opt.step()
+        flat = torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+        everyone = hvd.allgather(flat.unsqueeze(0), name=f"f64zero.final.{name}")
+        if not all(torch.equal(everyone[r], everyone[0]) for r in range(SIZE)):
+            raise AssertionError(f"{name}: ranks differ")
+        for h in opt._hooks:
+            h.remove()
