@@ -92,6 +92,25 @@ def _optimizer_state(opt):
     return out
 
 
+def _each_flavour(failures, label, trained_flat):
+    """``trained_flat(wrap)`` trains a fresh model with that distributed optimizer and returns
+    its flat parameters.  Each flavour's ranks must end identical; on 2 ranks Dense must
+    give Horovod's parameters bitwise.  Failures are collected, not raised."""
+    results = {}
+    for flavour, wrap in _flavours().items():
+        what = f"{flavour}, {label}"
+        try:
+            results[flavour] = trained_flat(wrap)
+            assert_ranks_identical(results[flavour], what)
+        except Exception as exc:
+            record_failure(failures, what, exc)
+    if BITWISE and "hvd" in results and "Dense" in results:
+        try:
+            assert_same(results["hvd"], results["Dense"], f"Dense, {label}")
+        except Exception as exc:
+            record_failure(failures, f"Dense vs hvd, {label}", exc)
+
+
 def _same_entry(a, b):
     if torch.is_tensor(a):
         return torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
@@ -275,30 +294,19 @@ def test_force_allreduce():
     identical."""
     failures = []
     for (opt_name, cls), options in itertools.product(_torch_optimizers(), OPTION_SETS):
-        results = {}
-        for flavour, wrap in _flavours().items():
-            what = f"{flavour} over {opt_name}({sorted(options)})"
-            try:
-                model = _TwoHeads()
-                hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-                opt = wrap(_new_optimizer(cls, options, model.parameters()),
-                           named_parameters=model.named_parameters())
-                for step in range(2):
-                    x, y = _data(step)
-                    first, second = model(x)
-                    opt.zero_grad()
-                    F.mse_loss(first if hvd.rank() == 0 else second, y, reduction="sum").backward()
-                    opt.step()
-                results[flavour] = _flat(model)
-                assert_ranks_identical(results[flavour], what)
-                release(opt)
-            except Exception as exc:
-                record_failure(failures, what, exc)
-        if BITWISE and "hvd" in results and "Dense" in results:
-            try:
-                assert_same(results["hvd"], results["Dense"], f"Dense over {opt_name}({sorted(options)})")
-            except Exception as exc:
-                record_failure(failures, f"Dense vs hvd over {opt_name}", exc)
+        def trained(wrap):
+            model = _TwoHeads()
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            opt = wrap(_new_optimizer(cls, options, model.parameters()), named_parameters=model.named_parameters())
+            for step in range(2):
+                x, y = _data(step)
+                first, second = model(x)
+                opt.zero_grad()
+                F.mse_loss(first if hvd.rank() == 0 else second, y, reduction="sum").backward()
+                opt.step()
+            release(opt)
+            return _flat(model)
+        _each_flavour(failures, f"{opt_name}({sorted(options)})", trained)
     if failures:
         raise AssertionError(" | ".join(failures))
 
@@ -326,47 +334,34 @@ def test_dynamic_requires_grad():
     optimizer, ``requires_grad`` switched between the two every step, and only the trained
     one's ``step()`` called.  Gradients must exist exactly for the trained half, and ranks
     stay identical; Dense equals Horovod."""
+    def trained(wrap):
+        torch.manual_seed(13)
+        gen, disc = torch.nn.Conv2d(1, 10, 1), torch.nn.Conv2d(10, 1, 1)
+        for m in (gen, disc):
+            hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+        gen_opt = wrap(torch.optim.SGD(gen.parameters(), lr=0.1), named_parameters=gen.named_parameters())
+        disc_opt = wrap(torch.optim.SGD(disc.parameters(), lr=0.1), named_parameters=disc.named_parameters())
+        inp = torch.rand(1, 1, 20, 20, generator=torch.Generator().manual_seed(hvd.rank()))
+        for step in range(10):
+            train_gen = step % 2 == 0
+            for p in gen.parameters():
+                p.requires_grad_(train_gen)
+            for p in disc.parameters():
+                p.requires_grad_(not train_gen)
+            gen_opt.zero_grad()
+            disc_opt.zero_grad()
+            disc(gen(inp)).mean().backward()
+            for half, is_trained in ((gen, train_gen), (disc, not train_gen)):
+                for p in half.parameters():
+                    has = p.grad is not None and bool(p.grad.abs().max() > 0)
+                    assert has == is_trained, f"step {step}: gradient present {has}, trained {is_trained}"
+            (gen_opt if train_gen else disc_opt).step()
+        release(gen_opt)
+        release(disc_opt)
+        return torch.cat([_flat(gen), _flat(disc)])
+
     failures = []
-    results = {}
-    for flavour, wrap in _flavours().items():
-        try:
-            torch.manual_seed(13)
-            gen, disc = torch.nn.Conv2d(1, 10, 1), torch.nn.Conv2d(10, 1, 1)
-            for m in (gen, disc):
-                hvd.broadcast_parameters(m.state_dict(), root_rank=0)
-            gen_opt = wrap(torch.optim.SGD(gen.parameters(), lr=0.1), named_parameters=gen.named_parameters())
-            disc_opt = wrap(torch.optim.SGD(disc.parameters(), lr=0.1), named_parameters=disc.named_parameters())
-            g = torch.Generator().manual_seed(hvd.rank())
-            inp = torch.rand(1, 1, 20, 20, generator=g)
-
-            def train_step(train_gen):
-                for p in gen.parameters():
-                    p.requires_grad_(train_gen)
-                for p in disc.parameters():
-                    p.requires_grad_(not train_gen)
-                gen_opt.zero_grad()
-                disc_opt.zero_grad()
-                disc(gen(inp)).mean().backward()
-                for half, trained in ((gen, train_gen), (disc, not train_gen)):
-                    for p in half.parameters():
-                        has = p.grad is not None and bool(p.grad.abs().max() > 0)
-                        assert has == trained, f"{flavour}: gradient present {has}, trained {trained}"
-                (gen_opt if train_gen else disc_opt).step()
-
-            for _ in range(5):
-                train_step(True)
-                train_step(False)
-            results[flavour] = torch.cat([_flat(gen), _flat(disc)])
-            assert_ranks_identical(results[flavour], flavour)
-            release(gen_opt)
-            release(disc_opt)
-        except Exception as exc:
-            record_failure(failures, flavour, exc)
-    if BITWISE and "hvd" in results and "Dense" in results:
-        try:
-            assert_same(results["hvd"], results["Dense"], "Dense, GAN alternation")
-        except Exception as exc:
-            record_failure(failures, "Dense vs hvd", exc)
+    _each_flavour(failures, "GAN alternation", trained)
     if failures:
         raise AssertionError(" | ".join(failures))
 
@@ -457,30 +452,20 @@ def test_sparse_embeddings():
     rank, with ``sparse_as_dense`` off and on: Dense equals Horovod; ranks identical."""
     failures = []
     for sparse_as_dense in (False, True):
-        results = {}
-        for flavour, wrap in _flavours().items():
-            what = f"{flavour}, sparse_as_dense={sparse_as_dense}"
-            try:
-                torch.manual_seed(15)
-                emb = torch.nn.Embedding(10, 3, sparse=True)
-                hvd.broadcast_parameters(emb.state_dict(), root_rank=0)
-                opt = wrap(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
-                           named_parameters=emb.named_parameters(), sparse_as_dense=sparse_as_dense)
-                rows = ([[1, 2, 4, 5], [4, 3, 2, 9]] if hvd.rank() == 0 else [[1, 3, 4], [4, 7, 9]])
-                for _ in range(2):
-                    opt.zero_grad()
-                    emb(torch.tensor(rows)).sum().backward()
-                    opt.step()
-                results[flavour] = _flat(emb)
-                assert_ranks_identical(results[flavour], what)
-                release(opt)
-            except Exception as exc:
-                record_failure(failures, what, exc)
-        if BITWISE and "hvd" in results and "Dense" in results:
-            try:
-                assert_same(results["hvd"], results["Dense"], f"Dense, sparse_as_dense={sparse_as_dense}")
-            except Exception as exc:
-                record_failure(failures, f"Dense vs hvd, sparse_as_dense={sparse_as_dense}", exc)
+        def trained(wrap):
+            torch.manual_seed(15)
+            emb = torch.nn.Embedding(10, 3, sparse=True)
+            hvd.broadcast_parameters(emb.state_dict(), root_rank=0)
+            opt = wrap(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
+                       named_parameters=emb.named_parameters(), sparse_as_dense=sparse_as_dense)
+            rows = [[1, 2, 4, 5], [4, 3, 2, 9]] if hvd.rank() == 0 else [[1, 3, 4], [4, 7, 9]]
+            for _ in range(2):
+                opt.zero_grad()
+                emb(torch.tensor(rows)).sum().backward()
+                opt.step()
+            release(opt)
+            return _flat(emb)
+        _each_flavour(failures, f"sparse_as_dense={sparse_as_dense}", trained)
     if failures:
         raise AssertionError(" | ".join(failures))
 
