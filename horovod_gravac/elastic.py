@@ -41,10 +41,11 @@ What happens to GraVAC's state at each elastic event:
   own, which are zero after a reset.
 
 Why not ``hvd.elastic.TorchState`` as is: its optimizer handler syncs with
-``hvd.broadcast_optimizer_state``, which calls ``optimizer.step()`` on a rank whose
-optimizer state is still empty (a worker that just joined).  For this optimizer a
-step is a set of collectives that the other ranks do not call, so the job would hang
-(until the optimizer's ``timeout_s``).  Horovod's handler also restores by loading
+``hvd.broadcast_optimizer_state``, which hands out the wrapped optimizer's state and
+options only, not this optimizer's controller state and step index.  A worker that
+just joined would then fetch them in the optimizer's once-per-optimizer sync before its
+first bucket, a broadcast the other workers (synced long ago) do not join, and wait out
+``timeout_s``.  Horovod's handler also restores by loading
 the saved state dict itself, and ``torch.optim.Optimizer.load_state_dict`` keeps the
 saved tensors (no copy), so training after a restore would overwrite the snapshot.
 The handler here copies.
