@@ -77,7 +77,8 @@ from .transfers import Link, WarmStarts
 # create momentum buffers etc. without any communication) only for optimizers whose
 # ``__module__`` is that of its own wrapper; for any other class it calls ``step()``,
 # which here would run a whole distributed step on zero gradients.  Our wrapper
-# classes claim that module so Horovod treats them exactly like its own.
+# classes claim that module so Horovod treats them like its own; the base step it
+# reaches is ``_state_init_step`` below.
 _HOROVOD_OPTIMIZER_MODULE = hvd.DistributedOptimizer.__module__
 
 
@@ -109,6 +110,8 @@ def _state_init_step(self, closure=None):
         with torch.no_grad():
             for p, kept in zip(params, before):
                 p.copy_(kept)
+
+
 NONFINITE_POLICIES = ("propagate", "zero")
 
 
