@@ -169,6 +169,55 @@ def test_resume_recipe():
         raise AssertionError(" | ".join(failures))
 
 
+
+def test_switch_from_hvd_checkpoint():
+    """Adopting horovod_gravac mid-training: a checkpoint written with hvd.DistributedOptimizer
+    is resumed with hg.DistributedOptimizer by Horovod's recipe (rank 0 loads, then both
+    broadcasts), and the other way round.  Every controller trains on with ranks identical;
+    Dense continues exactly as Horovod's own optimizer continues."""
+    path = os.path.join(_shared_tmpdir(), "hvd_checkpoint.pt")
+    model = make()
+    opt = hvd_opt(model)
+    train(model, opt, 4)
+    if RANK == 0:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+    hvd.barrier()
+    train(model, opt, 3, first=4)   # Horovod's own continuation: the reference for Dense
+    failures = []
+    for name, ctrl_fn in _controllers().items():
+        try:
+            resumed = make(seed=99)
+            ours = hg_opt(resumed, controller=ctrl_fn())
+            if RANK == 0:
+                ckpt = torch.load(path, weights_only=False)
+                resumed.load_state_dict(ckpt["model"])
+                ours.load_state_dict(ckpt["optimizer"])
+            hvd.broadcast_parameters(resumed.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(ours, root_rank=0)
+            train(resumed, ours, 3, first=4)
+            assert_ranks_identical(flat(resumed), f"hvd checkpoint resumed with {name}")
+            if name == "Dense":
+                ok = torch.equal(flat(resumed), flat(model)) if BITWISE else \
+                    torch.allclose(flat(resumed), flat(model), rtol=0, atol=1e-6)
+                assert ok, f"Dense from hvd's checkpoint differs from hvd's own continuation by " \
+                           f"{(flat(resumed) - flat(model)).abs().max():.3e}"
+            # and back: our checkpoint into Horovod's optimizer
+            state = ours.state_dict()
+            release(ours)
+            back = make(seed=98)
+            theirs = hvd_opt(back)
+            if RANK == 0:
+                back.load_state_dict(resumed.state_dict())
+                theirs.load_state_dict(state)
+            hvd.broadcast_parameters(back.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(theirs, root_rank=0)
+            train(back, theirs, 2, first=7)
+            assert_ranks_identical(flat(back), f"{name}'s checkpoint resumed with hvd.DistributedOptimizer")
+        except Exception as exc:
+            record_failure(failures, name, exc)
+    if failures:
+        raise AssertionError(" | ".join(failures))
+
 # ---------------------------------------------------------------------------------------------
 # hvd.join() with uneven data (last: if Horovod shuts down on a join failure, the
 # tests after it cannot run)
