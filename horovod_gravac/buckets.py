@@ -35,6 +35,8 @@ class Bucket:
         self.device = self.params[0].device if self.params else torch.device("cpu")
         # float64 parameters only: a dense send averages them in float64, as Horovod does
         self.float64 = bool(self.params) and all(p.dtype == torch.float64 for p in self.params)
+        # fp16 parameters only: a dense send travels in fp16, as Horovod's does (2 bytes an entry)
+        self.float16 = bool(self.params) and all(p.dtype == torch.float16 for p in self.params)
         self.expected = len(self.params)   # hooks that must fire before it launches
 
     def remove(self, p) -> Tuple[int, int]:

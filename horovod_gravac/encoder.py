@@ -28,9 +28,13 @@ _FP32_MAX = torch.finfo(torch.float32).max
 class BucketEncoder:
     def __init__(self, *, controller: Controller, memory: ErrorFeedback, interval: IntervalSum,
                  warm: WarmStarts, link: Link, wire, compressor_factory: Callable[[float], GradientCompressor],
-                 prefix: str, nonfinite: str, grad_scaler, local_clip_norm: Optional[float], join_safe: bool):
+                 prefix: str, nonfinite: str, grad_scaler, local_clip_norm: Optional[float], join_safe: bool,
+                 fp16_wire=None):
+        """``wire``: the user's Horovod ``compression`` for dense sends; ``fp16_wire``:
+        Horovod's fp16 compression, used for dense sends of buckets of fp16 parameters
+        (None: those travel as ``wire`` says)."""
         self.controller, self.memory, self.interval, self.warm = controller, memory, interval, warm
-        self.link, self.wire, self.prefix = link, wire, prefix
+        self.link, self.wire, self.fp16_wire, self.prefix = link, wire, fp16_wire, prefix
         self.compressor_factory = compressor_factory
         self._compressors: Dict[float, GradientCompressor] = {}   # one per CF, kept (their state)
         self.nonfinite_policy, self.grad_scaler = nonfinite, grad_scaler
@@ -117,13 +121,17 @@ class BucketEncoder:
         return out
 
     def _dense(self, bucket, flat, with_stats: bool, exact: Optional[torch.Tensor] = None) -> Transfer:
-        """A dense allreduce of ``flat`` (float32).  A bucket of float64 parameters travels in
-        float64 on every rank, whatever this rank's gradient (``exact`` where this rank has
-        it, else ``flat`` widened: a non-finite or zeroed bucket), since Horovod fails a
-        collective whose dtype differs between ranks."""
+        """A dense allreduce of ``flat`` (float32).  A bucket of fp16 parameters travels in
+        fp16 (``fp16_wire``).  A bucket of float64 parameters travels in float64 on every
+        rank, whatever this rank's gradient (``exact`` where this rank has it, else ``flat``
+        widened: a non-finite or zeroed bucket), since Horovod fails a collective whose
+        dtype differs between ranks."""
         if self._float64_dense(bucket):
             flat = exact if exact is not None else flat.double()
-        return DenseAllreduce(self.link, self.bucket_name(bucket), flat, with_stats, self.wire)
+        # fp16 parameters travel in fp16, as with Horovod's own optimizer (the carrier bucket,
+        # with_stats, stays float32 on every rank alike)
+        wire = self.fp16_wire if bucket.float16 and self.fp16_wire is not None else self.wire
+        return DenseAllreduce(self.link, self.bucket_name(bucket), flat, with_stats, wire)
 
     def _float64_dense(self, bucket) -> bool:
         """Dense sends of this bucket are float64 (the same answer on every rank: the

@@ -256,7 +256,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             controller=controller, memory=self._memory, interval=self._interval, warm=self._warm,
             link=self._link, wire=opts["compression"], compressor_factory=factory, prefix=self._prefix,
             nonfinite=opts["nonfinite"], grad_scaler=self._grad_scaler,
-            local_clip_norm=self.local_clip_norm, join_safe=self._join_safe)
+            local_clip_norm=self.local_clip_norm, join_safe=self._join_safe,
+            fp16_wire=hvd.Compression.fp16)
         if hasattr(controller, "set_world_size"):
             controller.set_world_size(self.world_size)
         self._exchange = make_exchange(controller, self._prefix, self._timeout, self.process_set,
