@@ -66,7 +66,8 @@ def run_case(name, compressor, controller, steps=10):
                                 torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(DEVICE)
     # Broadcast before the cast: Horovod 0.28.1's collectives reject bfloat16 tensors
     # (broadcast_parameters on a bf16 model raises "Tensor type torch.cuda.BFloat16Tensor is
-    # not supported", seen on an H200); the optimizer's own traffic is float32 either way.
+    # not supported", seen on an H200); the optimizer's own bf16 traffic is float32 (fp16
+    # buckets sent dense travel in fp16, which Horovod takes).
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     model.to(dtype)
     opt = hg.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
