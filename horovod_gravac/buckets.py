@@ -33,10 +33,10 @@ class Bucket:
             start += p.numel()
         self.numel = start
         self.device = self.params[0].device if self.params else torch.device("cpu")
-        # float64 parameters only: a dense send averages them in float64, as Horovod does
-        self.float64 = bool(self.params) and all(p.dtype == torch.float64 for p in self.params)
-        # fp16 parameters only: a dense send travels in fp16, as Horovod's does (2 bytes an entry)
-        self.float16 = bool(self.params) and all(p.dtype == torch.float16 for p in self.params)
+        # the parameters' one dtype (None: mixed or empty); dense sends of fp16 and float64
+        # buckets travel in it, as Horovod's do (encoder.BucketEncoder._dense)
+        dtypes = {p.dtype for p in self.params}
+        self.dtype = dtypes.pop() if len(dtypes) == 1 else None
         self.expected = len(self.params)   # hooks that must fire before it launches
 
     def remove(self, p) -> Tuple[int, int]:

@@ -17,7 +17,7 @@ import torch
 from .accounting import StepRecord
 from .compressors.base import GradientCompressor, SparsePayload
 from .controllers import DENSE, Controller, Decision
-from .error_feedback import ErrorFeedback, IntervalSum
+from .error_feedback import ErrorFeedback, IntervalSum, add_into_slices
 from .transfers import (DenseAllreduce, Link, LowRankTransfer, SharedIndexAllreduce, SlottedSparse,
                         SparseAllgather, Transfer, WarmStarts)
 from .wire import StepStats
@@ -115,9 +115,7 @@ class BucketEncoder:
         residual = self.memory.residuals.get(bucket.index)
         if residual is not None and residual.numel() == bucket.numel:
             out.add_(residual, alpha=scale)
-        for g, (s, e) in zip(grads, bucket.offsets):
-            if g is not None:
-                out[s:e].add_(g.reshape(-1))
+        add_into_slices(out, grads, bucket.offsets)
         return out
 
     def _dense(self, bucket, flat, with_stats: bool, exact: Optional[torch.Tensor] = None) -> Transfer:
@@ -130,14 +128,14 @@ class BucketEncoder:
             flat = exact if exact is not None else flat.double()
         # fp16 parameters travel in fp16, as with Horovod's own optimizer (the carrier bucket,
         # with_stats, stays float32 on every rank alike)
-        wire = self.fp16_wire if bucket.float16 and self.fp16_wire is not None else self.wire
+        wire = self.fp16_wire if bucket.dtype == torch.float16 and self.fp16_wire is not None else self.wire
         return DenseAllreduce(self.link, self.bucket_name(bucket), flat, with_stats, wire)
 
     def _float64_dense(self, bucket) -> bool:
         """Dense sends of this bucket are float64 (the same answer on every rank: the
         start-up check makes dtypes and options agree).  Not with DGC's momentum
         correction, whose velocity is float32 and part of g_ef."""
-        return bucket.float64 and self.memory.momentum is None
+        return bucket.dtype == torch.float64 and self.memory.momentum is None
 
     def _compress(self, bucket, g_ef, decision: Decision, record: StepRecord, step_index: int,
                   with_stats: bool, measure: bool, poison: bool = False, scale: float = 1.0,
