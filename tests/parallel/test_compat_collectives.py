@@ -132,6 +132,22 @@ def _shared_tmpdir():
     return hvd.broadcast_object(path, root_rank=0, name="compat.tmpdir")
 
 
+def _rank0_restores(model, opt, saved):
+    """Horovod's resume recipe: rank 0 loads ``saved()`` (model and optimizer state dicts),
+    then every rank takes rank 0's parameters and optimizer state."""
+    if RANK == 0:
+        model_state, opt_state = saved()
+        model.load_state_dict(model_state)
+        opt.load_state_dict(opt_state)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+
+def _load(path):
+    ckpt = torch.load(path, weights_only=False)
+    return ckpt["model"], ckpt["optimizer"]
+
+
 def _resume(make_opt, label):
     path = os.path.join(_shared_tmpdir(), "checkpoint.pt")
     model = make()
@@ -144,12 +160,7 @@ def _resume(make_opt, label):
     # fresh model and optimizer on every rank; only rank 0 restores
     model2 = make(seed=99)
     opt2 = make_opt(model2)
-    if RANK == 0:
-        ckpt = torch.load(path, weights_only=False)
-        model2.load_state_dict(ckpt["model"])
-        opt2.load_state_dict(ckpt["optimizer"])
-    hvd.broadcast_parameters(model2.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt2, root_rank=0)
+    _rank0_restores(model2, opt2, lambda: _load(path))
     assert torch.equal(flat(model2), flat(model)), f"{label}: the restored model differs from the saved one"
     train(model2, opt2, 6, first=5)
     assert_ranks_identical(flat(model2), f"resume recipe {label}")
@@ -188,12 +199,7 @@ def test_switch_from_hvd_checkpoint():
         try:
             resumed = make(seed=99)
             ours = hg_opt(resumed, controller=ctrl_fn())
-            if RANK == 0:
-                ckpt = torch.load(path, weights_only=False)
-                resumed.load_state_dict(ckpt["model"])
-                ours.load_state_dict(ckpt["optimizer"])
-            hvd.broadcast_parameters(resumed.state_dict(), root_rank=0)
-            hvd.broadcast_optimizer_state(ours, root_rank=0)
+            _rank0_restores(resumed, ours, lambda: _load(path))
             train(resumed, ours, 3, first=4)
             assert_ranks_identical(flat(resumed), f"hvd checkpoint resumed with {name}")
             if name == "Dense":
@@ -206,11 +212,7 @@ def test_switch_from_hvd_checkpoint():
             release(ours)
             back = make(seed=98)
             theirs = hvd_opt(back)
-            if RANK == 0:
-                back.load_state_dict(resumed.state_dict())
-                theirs.load_state_dict(state)
-            hvd.broadcast_parameters(back.state_dict(), root_rank=0)
-            hvd.broadcast_optimizer_state(theirs, root_rank=0)
+            _rank0_restores(back, theirs, lambda: (resumed.state_dict(), state))
             train(back, theirs, 2, first=7)
             assert_ranks_identical(flat(back), f"{name}'s checkpoint resumed with hvd.DistributedOptimizer")
         except Exception as exc:

@@ -250,26 +250,25 @@ def test_broadcast_state_no_grad():
     """A model with an integer, gradient-free Parameter: wrapping it is accepted,
     ``broadcast_optimizer_state`` leaves its grad None and gives the float one rank 0's
     gradient (zeros, from the state initialisation), and training then works."""
+    def trained(wrap):
+        model = _IntIndexModel()
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9,
+                                   nesterov=True), named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        a, b = opt.param_groups[0]["params"]
+        assert a.grad is None, f"the integer parameter got a gradient {a.grad}"
+        assert torch.equal(b.grad, hvd.broadcast(b.grad, root_rank=0, name="nograd.b")), \
+            "b.grad differs from rank 0's after broadcast_optimizer_state"
+        for step in range(3):
+            opt.zero_grad()
+            model(torch.full((2,), float(hvd.rank() + step + 1))).sum().backward()
+            opt.step()
+        release(opt)
+        return model.b.detach()
+
     failures = []
-    for flavour, wrap in _flavours().items():
-        try:
-            model = _IntIndexModel()
-            opt = wrap(torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9,
-                                       nesterov=True), named_parameters=model.named_parameters())
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            hvd.broadcast_optimizer_state(opt, root_rank=0)
-            a, b = opt.param_groups[0]["params"]
-            assert a.grad is None, f"{flavour}: the integer parameter got a gradient {a.grad}"
-            assert torch.equal(b.grad, hvd.broadcast(b.grad, root_rank=0, name=f"nograd.{flavour}")), \
-                f"{flavour}: b.grad differs from rank 0's after broadcast_optimizer_state"
-            for step in range(3):
-                opt.zero_grad()
-                model(torch.full((2,), float(hvd.rank() + step + 1))).sum().backward()
-                opt.step()
-            assert_ranks_identical(model.b.detach(), f"{flavour}: after training")
-            release(opt)
-        except Exception as exc:
-            record_failure(failures, flavour, exc)
+    _each_flavour(failures, "integer parameter", trained)
     if failures:
         raise AssertionError(" | ".join(failures))
 
@@ -369,33 +368,32 @@ def test_dynamic_requires_grad():
 def test_gradient_clipping():
     """``synchronize()``, clip the averaged gradient, then ``step()`` under
     ``skip_synchronize()``: the clip acts on the averaged gradient and the step uses it."""
+    def trained(wrap):
+        model = torch.nn.Linear(1, 1)
+        model.weight = torch.nn.Parameter(torch.zeros(1, 1) + 0.5)
+        model.bias = torch.nn.Parameter(torch.zeros(1))
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+        opt.zero_grad()
+        F.mse_loss(model(torch.ones(1, 1)), torch.ones(1, 1)).backward()
+        opt.synchronize()
+        # the whole gradient: a compressed flavour may have sent the bias alone
+        prior = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm().item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        grads = [p.grad.clone() for p in model.parameters()]
+        clipped = torch.cat([g.reshape(-1) for g in grads]).norm().item()
+        assert prior > clipped and abs(clipped - 0.1) < 1e-6, f"clipping {prior} gave {clipped}"
+        before = [p.detach().clone() for p in model.parameters()]
+        with opt.skip_synchronize():
+            opt.step()
+        for p, b, g in zip(model.parameters(), before, grads):
+            assert torch.allclose(p.detach(), b - 0.1 * g, rtol=0, atol=1e-7), \
+                "the step did not use the clipped gradient"
+        release(opt)
+        return _flat(model)
+
     failures = []
-    for flavour, wrap in _flavours().items():
-        try:
-            model = torch.nn.Linear(1, 1)
-            model.weight = torch.nn.Parameter(torch.zeros(1, 1) + 0.5)
-            model.bias = torch.nn.Parameter(torch.zeros(1))
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
-            opt.zero_grad()
-            F.mse_loss(model(torch.ones(1, 1)), torch.ones(1, 1)).backward()
-            opt.synchronize()
-            # the whole gradient: a compressed flavour may have sent the bias alone
-            prior = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm().item()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
-            grads = [p.grad.clone() for p in model.parameters()]
-            clipped = torch.cat([g.reshape(-1) for g in grads]).norm().item()
-            assert prior > clipped and abs(clipped - 0.1) < 1e-6, f"{flavour}: clipping {prior} gave {clipped}"
-            before = [p.detach().clone() for p in model.parameters()]
-            with opt.skip_synchronize():
-                opt.step()
-            for p, b, g in zip(model.parameters(), before, grads):
-                assert torch.allclose(p.detach(), b - 0.1 * g, rtol=0, atol=1e-7), \
-                    f"{flavour}: the step did not use the clipped gradient"
-            assert_ranks_identical(_flat(model), flavour)
-            release(opt)
-        except Exception as exc:
-            record_failure(failures, flavour, exc)
+    _each_flavour(failures, "clipping after synchronize()", trained)
     if failures:
         raise AssertionError(" | ".join(failures))
 
@@ -423,26 +421,25 @@ def test_synchronize_step_warning():
 def test_no_named_parameters():
     """Without ``named_parameters`` (Horovod's default), several parameter groups: the
     optimizer names them alike on every rank, and a step runs."""
+    def trained(wrap):
+        torch.manual_seed(14)
+        model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 1), torch.nn.Conv2d(8, 1, 1))
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        opt = wrap(torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[1].parameters()}],
+                                   lr=0.1))
+        names = opt._parameter_names
+        assert len(names) == 4 and len(set(names.values())) == 4, f"names {names}"
+        everyone = hvd.allgather_object(sorted(names.values()))
+        assert all(n == everyone[0] for n in everyone), f"ranks name differently: {everyone}"
+        g = torch.Generator().manual_seed(hvd.rank())
+        opt.zero_grad()
+        model(torch.rand(1, 1, 30, 30, generator=g)).sum().backward()
+        opt.step()
+        release(opt)
+        return _flat(model)
+
     failures = []
-    for flavour, wrap in _flavours().items():
-        try:
-            torch.manual_seed(14)
-            model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 1), torch.nn.Conv2d(8, 1, 1))
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            opt = wrap(torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[1].parameters()}],
-                                       lr=0.1))
-            names = opt._parameter_names
-            assert len(names) == 4 and len(set(names.values())) == 4, f"{flavour}: names {names}"
-            everyone = hvd.allgather_object(sorted(names.values()))
-            assert all(n == everyone[0] for n in everyone), f"{flavour}: ranks name differently: {everyone}"
-            g = torch.Generator().manual_seed(hvd.rank())
-            opt.zero_grad()
-            model(torch.rand(1, 1, 30, 30, generator=g)).sum().backward()
-            opt.step()
-            assert_ranks_identical(_flat(model), flavour)
-            release(opt)
-        except Exception as exc:
-            record_failure(failures, flavour, exc)
+    _each_flavour(failures, "no named_parameters", trained)
     if failures:
         raise AssertionError(" | ".join(failures))
 
