@@ -50,6 +50,12 @@ CASES = {
     "topk-accordion": (TopKCompressor, lambda: hg.Accordion(low_cf=2, high_cf=16, interval=3)),
     "topk-static10-fp16": (TopKCompressor, lambda: hg.StaticCF(10)),
     "topk-static10-bf16": (TopKCompressor, lambda: hg.StaticCF(10)),
+    # Dense buckets of one dtype travel in it, as with hvd.DistributedOptimizer: fp16 through
+    # hvd.Compression.fp16, float64 as float64 (g + residual formed in float64).
+    "dense-fp16": (TopKCompressor, lambda: hg.Dense()),
+    "dense-f64": (TopKCompressor, lambda: hg.Dense()),
+    "topk-static10-f64": (TopKCompressor, lambda: hg.StaticCF(10)),
+    "topk-gravac-f64": (TopKCompressor, lambda: hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3)),
 }
 
 
@@ -60,7 +66,7 @@ def describe():
 
 
 def run_case(name, compressor, controller, steps=10):
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(name.rsplit("-", 1)[-1], torch.float32)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64}.get(name.rsplit("-", 1)[-1], torch.float32)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                                 torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(DEVICE)
