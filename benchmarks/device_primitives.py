@@ -93,11 +93,16 @@ def trace(name: str, cf: float, n: int, device: torch.device, repeats: int, furt
         with _PerOp(sync) as mode:
             call()
         runs.append(mode.rows)
-    # the median of each op's time over the runs (the same op sequence each time)
-    ops = [(op, size, sorted(r[i][2] for r in runs if len(r) > i)[len(runs) // 2])
-           for i, (op, size, _) in enumerate(runs[-1])]
+    # The median of each op's time over the runs whose op at that position is the same one: a
+    # call's sequence can differ between runs (a search that stops after fewer rounds).
+    def median_at(i, op):
+        times = sorted(r[i][2] for r in runs if len(r) > i and r[i][0] == op)
+        return times[len(times) // 2]
+    ops = [(op, size, median_at(i, op)) for i, (op, size, _) in enumerate(runs[-1])]
+    counts = sorted({len(r) for r in runs})
     lines = [f"## {name} CF {cf:g}, {n:,} entries on {device}, {what}: one call {whole:.3f} ms; "
-             f"{len(ops)} operations, each alone {sum(o[2] for o in ops):.3f} ms"]
+             f"{len(ops)} operations, each alone {sum(o[2] for o in ops):.3f} ms"
+             + (f" (operation counts over the runs: {counts})" if len(counts) > 1 else "")]
     for op, size, ms in ops:
         lines.append(f"  {op:28s} {size:>10,}  {ms:7.3f}")
     totals = collections.Counter()

@@ -11,9 +11,11 @@
 #   torch 2.11.0+cu130 on Python 3.12).  About 4 MB.
 # run: builds the native CPU kernels, installs cffi and pycparser into a scratch target,
 #   builds Horovod with NCCL there (scripts/build_horovod_gpu.sh, 94-149 s on an H100) and runs
-#   scripts/gpu_check.sh with PYTHON=python3 (a GPU machine's torch is system-wide).  Results go
-#   to $OUT/gpu_check when OUT is set (the device tool's output folder), else to
-#   reports/gpu_check/<UTC time>; the build log and the git state go next to them.  The
+#   scripts/gpu_check.sh with PYTHON=python3 (a GPU machine's torch is system-wide).  When OUT
+#   is set (the device tool's output folder, which sends back only a few files) the results
+#   are written to a scratch folder and packed, on any exit, into $OUT/gpu_check.tgz (one
+#   folder, gpu_check/) with a copy of summary.txt as $OUT/gpu_check_summary.txt; otherwise
+#   they go to reports/gpu_check/<UTC time>.  The build log and the git state go next to them.  The
 #   gpu_check settings pass through (GPU_CHECK_TIMEOUT, GPU_CHECK_SWEEP=0,
 #   GPU_CHECK_HARNESS=0, GPU_CHECK_STEP_COST=0).  The full check takes about 400 s after the
 #   build on an H100; under a 600 s limit per command, skip the harness (GPU_CHECK_HARNESS=0)
@@ -36,8 +38,18 @@ prepare() {
 
 run() {
   local py=${PYTHON:-python3} site=${GPU_SITE:-/tmp/gpu_site}
-  local results=${OUT:+$OUT/gpu_check}
-  results=${results:-reports/gpu_check/$(date -u +%Y%m%dT%H%M%SZ)}
+  local results
+  if [ -n "${OUT:-}" ]; then
+    # The device tool returns a handful of files (seven of the check's twenty came back in
+    # call 21): one archive carries them all, packed even when a timeout ends the run.
+    local scratch
+    scratch=$(mktemp -d); mkdir -p "$OUT"
+    results=$scratch/gpu_check
+    trap 'tar czf "$OUT/gpu_check.tgz" -C "'"$scratch"'" gpu_check; cp -f "'"$results"'/summary.txt" "$OUT/gpu_check_summary.txt" 2>/dev/null || true' EXIT
+    trap 'exit 143' TERM
+  else
+    results=reports/gpu_check/$(date -u +%Y%m%dT%H%M%SZ)
+  fi
   mkdir -p "$results"
   { date -u; git rev-parse HEAD 2>/dev/null || true; git status --short 2>/dev/null | head -n 20 || true; } \
       > "$results/git.txt"
