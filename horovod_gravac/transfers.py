@@ -97,13 +97,14 @@ class Transfer:
         return comm.wait(self.handle, name or self.name, self.link.timeout)
 
     def _allreduce(self, tensor, name, stats, mean: bool = False):
-        """An in-place allreduce, or of a copy with ``stats`` appended (float32): with the
-        user's ``op`` and predivide factors, or (``mean``) the plain average PowerSGD needs."""
+        """An in-place allreduce, or of a copy with ``stats`` appended (in the copy's dtype,
+        see ``wire.with_stats``): with the user's ``op`` and predivide factors, or (``mean``)
+        the plain average PowerSGD needs."""
         link = self.link
         op, (pre, post) = (None, (1.0, 1.0)) if mean else (link.op, link.scale_factors())
         if stats is not None:
-            self.control_bytes += (8 if tensor.dtype == torch.float64 else 4) * N_STATS
             tensor = comm.with_stats(tensor, stats)
+            self.control_bytes += tensor.element_size() * N_STATS
         return comm.allreduce_async(tensor, name, op, pre, post, link.process_set)
 
     def _split_stats(self, out: torch.Tensor, mean: bool = False) -> torch.Tensor:

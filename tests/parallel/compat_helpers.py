@@ -147,6 +147,17 @@ def record_failure(failures, name, exc):
     print(f"TRACE [{name}] [rank {RANK}]:\n  " + "  ".join(tb[-4:]).rstrip()[-1500:], flush=True)
 
 
+def rank0_restores(model, opt, saved):
+    """Horovod's resume recipe: rank 0 loads ``saved()`` (model and optimizer state dicts),
+    then every rank takes rank 0's parameters and optimizer state."""
+    if RANK == 0:
+        model_state, opt_state = saved()
+        model.load_state_dict(model_state)
+        opt.load_state_dict(opt_state)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+
 def release(opt):
     """Remove hooks where the optimizer exposes them (old and new implementation)."""
     for h in getattr(opt, "_hooks", []) or []:

@@ -11,7 +11,8 @@ import horovod.torch as hvd
 import horovod_gravac as hg
 
 from compat_helpers import (TIMEOUT_S, EmbNet, Net, assert_ranks_identical, assert_same, batch, emb_batch,
-                           flat, hg_opt, hvd_opt, loss_of, make, note, record_failure, release, sgd, train)
+                           flat, hg_opt, hvd_opt, loss_of, make, note, rank0_restores, record_failure, release,
+                           sgd, train)
 
 pytestmark = pytest.mark.sizes(2)
 
@@ -484,13 +485,9 @@ def test_broadcast_optimizer_state_leaves_parameters_alone_with_weight_decay():
         fresh = flat(model).clone()
         hvd.broadcast_optimizer_state(opt, root_rank=0)   # every rank fresh
         moved = (flat(model) - fresh).abs().max().item()
-        if hvd.rank() == 0:   # the resume recipe: rank 0 loads, then both broadcasts
-            model.load_state_dict(saved_model)
-            opt.load_state_dict(saved_opt)
-        else:
-            opt.state.clear()   # the other ranks start from an empty state
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        if hvd.rank() != 0:
+            opt.state.clear()   # the ranks that do not load start from an empty state
+        rank0_restores(model, opt, lambda: (saved_model, saved_opt))   # the resume recipe
         if impl == "hvd":
             everyone = hvd.allgather(flat(model).reshape(1, -1), name="compat.resume.hvd")
             note(f"hvd.DistributedOptimizer: a fresh broadcast_optimizer_state moved the parameters "

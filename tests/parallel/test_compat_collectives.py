@@ -13,7 +13,7 @@ import horovod.torch as hvd
 import horovod_gravac as hg
 
 from compat_helpers import (BITWISE, RANK, SIZE, StepTimedGraVAC, assert_ranks_identical, assert_same, flat,
-                           hg_opt, hvd_opt, loss_of, make, record_failure, release, sgd, train)
+                           hg_opt, hvd_opt, loss_of, make, rank0_restores, record_failure, release, sgd, train)
 
 pytestmark = pytest.mark.sizes(2)
 
@@ -132,15 +132,11 @@ def _shared_tmpdir():
     return hvd.broadcast_object(path, root_rank=0, name="compat.tmpdir")
 
 
-def _rank0_restores(model, opt, saved):
-    """Horovod's resume recipe: rank 0 loads ``saved()`` (model and optimizer state dicts),
-    then every rank takes rank 0's parameters and optimizer state."""
+def _save(path, model, opt):
+    """Rank 0 writes the checkpoint the others will read (after the barrier)."""
     if RANK == 0:
-        model_state, opt_state = saved()
-        model.load_state_dict(model_state)
-        opt.load_state_dict(opt_state)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+    hvd.barrier()
 
 
 def _load(path):
@@ -153,14 +149,12 @@ def _resume(make_opt, label):
     model = make()
     opt = make_opt(model)
     train(model, opt, 5)
-    if RANK == 0:
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
-    hvd.barrier()
+    _save(path, model, opt)
     release(opt)
     # fresh model and optimizer on every rank; only rank 0 restores
     model2 = make(seed=99)
     opt2 = make_opt(model2)
-    _rank0_restores(model2, opt2, lambda: _load(path))
+    rank0_restores(model2, opt2, lambda: _load(path))
     assert torch.equal(flat(model2), flat(model)), f"{label}: the restored model differs from the saved one"
     train(model2, opt2, 6, first=5)
     assert_ranks_identical(flat(model2), f"resume recipe {label}")
@@ -190,29 +184,24 @@ def test_switch_from_hvd_checkpoint():
     model = make()
     opt = hvd_opt(model)
     train(model, opt, 4)
-    if RANK == 0:
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
-    hvd.barrier()
+    _save(path, model, opt)
     train(model, opt, 3, first=4)   # Horovod's own continuation: the reference for Dense
     failures = []
     for name, ctrl_fn in _controllers().items():
         try:
             resumed = make(seed=99)
             ours = hg_opt(resumed, controller=ctrl_fn())
-            _rank0_restores(resumed, ours, lambda: _load(path))
+            rank0_restores(resumed, ours, lambda: _load(path))
             train(resumed, ours, 3, first=4)
             assert_ranks_identical(flat(resumed), f"hvd checkpoint resumed with {name}")
             if name == "Dense":
-                ok = torch.equal(flat(resumed), flat(model)) if BITWISE else \
-                    torch.allclose(flat(resumed), flat(model), rtol=0, atol=1e-6)
-                assert ok, f"Dense from hvd's checkpoint differs from hvd's own continuation by " \
-                           f"{(flat(resumed) - flat(model)).abs().max():.3e}"
+                assert_same(flat(model), flat(resumed), "Dense from hvd's checkpoint against hvd's own continuation")
             # and back: our checkpoint into Horovod's optimizer
             state = ours.state_dict()
             release(ours)
             back = make(seed=98)
             theirs = hvd_opt(back)
-            _rank0_restores(back, theirs, lambda: (resumed.state_dict(), state))
+            rank0_restores(back, theirs, lambda: (resumed.state_dict(), state))
             train(back, theirs, 2, first=7)
             assert_ranks_identical(flat(back), f"{name}'s checkpoint resumed with hvd.DistributedOptimizer")
         except Exception as exc:

@@ -111,6 +111,14 @@ def _each_flavour(failures, label, trained_flat):
             record_failure(failures, f"Dense vs hvd, {label}", exc)
 
 
+def _assert_each_flavour(label, trained_flat):
+    """``_each_flavour`` for a case with one label: every failure raised together."""
+    failures = []
+    _each_flavour(failures, label, trained_flat)
+    if failures:
+        raise AssertionError(" | ".join(failures))
+
+
 def _same_entry(a, b):
     if torch.is_tensor(a):
         return torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
@@ -267,10 +275,7 @@ def test_broadcast_state_no_grad():
         release(opt)
         return model.b.detach()
 
-    failures = []
-    _each_flavour(failures, "integer parameter", trained)
-    if failures:
-        raise AssertionError(" | ".join(failures))
+    _assert_each_flavour("integer parameter", trained)
 
 
 class _TwoHeads(torch.nn.Module):
@@ -359,10 +364,7 @@ def test_dynamic_requires_grad():
         release(disc_opt)
         return torch.cat([_flat(gen), _flat(disc)])
 
-    failures = []
-    _each_flavour(failures, "GAN alternation", trained)
-    if failures:
-        raise AssertionError(" | ".join(failures))
+    _assert_each_flavour("GAN alternation", trained)
 
 
 def test_gradient_clipping():
@@ -392,10 +394,7 @@ def test_gradient_clipping():
         release(opt)
         return _flat(model)
 
-    failures = []
-    _each_flavour(failures, "clipping after synchronize()", trained)
-    if failures:
-        raise AssertionError(" | ".join(failures))
+    _assert_each_flavour("clipping after synchronize()", trained)
 
 
 def test_synchronize_step_warning():
@@ -438,10 +437,7 @@ def test_no_named_parameters():
         release(opt)
         return _flat(model)
 
-    failures = []
-    _each_flavour(failures, "no named_parameters", trained)
-    if failures:
-        raise AssertionError(" | ".join(failures))
+    _assert_each_flavour("no named_parameters", trained)
 
 
 def test_sparse_embeddings():
