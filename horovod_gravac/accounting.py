@@ -25,6 +25,8 @@ class StepRecord:
         self.exact_fallbacks = 0           # compress calls whose count left the band (threshold.py)
         self.launched = 0                  # buckets launched this step
         self.control_bytes = 0             # statistics carried for the controller
+        self.kinds: set = set()            # the transfers' kinds (transfers.py), e.g. "pair"
+        self.collectives: List[tuple] = []   # (kind, bucket entries, elements on the wire) per transfer
         self.step_stats: Optional[StepStats] = None     # rank-averaged, from the carrier bucket
         self.at_boundary = False           # this step ends an accumulation interval
         self.open = False                  # a hook of this step has run
@@ -53,6 +55,8 @@ class StepRecord:
         self.bytes_sent += transfer.bytes_sent
         self.floats_sent += transfer.floats_sent
         self.control_bytes += transfer.control_bytes
+        self.kinds.add(transfer.kind)
+        self.collectives.append((transfer.kind, transfer.numel, transfer.wire_elements))
 
     def local_stats(self, scale: float, accumulated_sq: float, window_dot: float = 0.0,
                     window_sent_sq: float = 0.0) -> StepStats:
@@ -73,5 +77,5 @@ class StepRecord:
                 "floats_sent": self.floats_sent, "dense_floats": dense_floats,
                 "step_time": step_time, "compress_time": self.compress_time, "comm_time": comm_time,
                 "nonfinite_buckets": self.nonfinite, "exact_fallbacks": self.exact_fallbacks,
-                "skipped": skipped,
+                "skipped": skipped, "transfers": "+".join(sorted(self.kinds)),
                 "quality": sum(self.quality) / len(self.quality) if self.quality else None}

@@ -70,6 +70,10 @@ class CollectiveTimeoutError(TimeoutError):
             f"checkpoint). The limit is DistributedOptimizer(timeout_s=...) or ${TIMEOUT_ENV}.")
 
 
+class MismatchedShapesError(RuntimeError):
+    """Horovod refused a collective on every rank because the ranks' tensors differ in shape."""
+
+
 def exit_grace() -> float:
     """Seconds the exit guard gives Horovod's shutdown (``$HOROVOD_GRAVAC_EXIT_GRACE``,
     else 10; an unparsable or non-positive value falls back to 10)."""
@@ -215,6 +219,26 @@ def allgather_async(tensor: torch.Tensor, name: str, process_set=None):
     return hvd.allgather_async(tensor, name=name, process_set=_ps(process_set))
 
 
+def pair_exchange_async(block: torch.Tensor, name: str, process_set=None):
+    """Two ranks swap ``block`` (int32, the same shape on both): the result on each rank is
+    the other rank's block.
+
+    Each rank puts its block in the half of a reducescatter's buffer that the other rank
+    receives, zeros in its own half; an integer sum with zeros copies the bits exactly, and
+    the reduce-scatter of two ranks sends each rank just the other's half: ``block``'s bytes
+    each way, as an allgather would.  Why not the allgather: Gloo's allgather (like its
+    alltoall) writes a rank's data before its notice that it is ready to receive, into the
+    one TCP stream between the two ranks, so whichever rank enters second has its notice
+    queued behind its whole block, and the two directions run one after the other (2.1x the
+    link's time for 1 MB at 100 Mbit/s against 1.4x here; ``docs/benchmarks.md``).  Its
+    reduce-scatter and allreduce post their receives first."""
+    me = group_rank(process_set)
+    rows = block.shape[0]
+    buf = torch.zeros((2 * rows,) + tuple(block.shape[1:]), dtype=block.dtype, device=block.device)
+    buf[(1 - me) * rows:(2 - me) * rows] = block
+    return hvd.reducescatter_async(buf, name=name, op=hvd.Sum, process_set=_ps(process_set))
+
+
 def broadcast_async_(tensor: torch.Tensor, name: str, process_set=None, root: Optional[int] = None):
     """In-place broadcast from ``root`` (a rank of the process set; default its first)."""
     return hvd.broadcast_async_(tensor, _global_rank(root or 0, process_set), name=name,
@@ -245,9 +269,12 @@ def wait(handle, name: str = "collective", timeout: Optional[float] = None,
     try:
         return hvd.synchronize(handle)
     except Exception as exc:
+        if "Mismatched" in str(exc) and "tensor shapes" in str(exc):
+            raise MismatchedShapesError(f"{exc} (collective '{name}')") from exc
         if "not supported with Join" in str(exc):   # a peer sits in hvd.join()
             raise type(exc)(f"{exc} (collective '{name}'). horovod_gravac sends sparse payloads with "
-                            f"allgather and decisions with broadcast; for hvd.join() with uneven data "
+                            f"allgather (reducescatter between two ranks) and decisions with broadcast; "
+                            f"for hvd.join() with uneven data "
                             f"use DistributedOptimizer(..., join_safe=True), which sends everything "
                             f"with allreduce.") from exc
         raise

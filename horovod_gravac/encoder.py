@@ -18,8 +18,8 @@ from .accounting import StepRecord
 from .compressors.base import GradientCompressor, SparsePayload
 from .controllers import DENSE, Controller, Decision
 from .error_feedback import ErrorFeedback, IntervalSum, add_into_slices
-from .transfers import (DenseAllreduce, Link, LowRankTransfer, SharedIndexAllreduce, SlottedSparse,
-                        SparseAllgather, Transfer, WarmStarts)
+from .transfers import (DenseAllreduce, Link, LowRankTransfer, PairExchange, SharedIndexAllreduce,
+                        SlottedSparse, SparseAllgather, Transfer, WarmStarts)
 from .wire import StepStats
 
 _FP32_MAX = torch.finfo(torch.float32).max
@@ -29,16 +29,19 @@ class BucketEncoder:
     def __init__(self, *, controller: Controller, memory: ErrorFeedback, interval: IntervalSum,
                  warm: WarmStarts, link: Link, wire, compressor_factory: Callable[[float], GradientCompressor],
                  prefix: str, nonfinite: str, grad_scaler, local_clip_norm: Optional[float], join_safe: bool,
-                 fp16_wire=None):
+                 fp16_wire=None, pair_exchange: bool = False):
         """``wire``: the user's Horovod ``compression`` for dense sends; ``fp16_wire``:
         Horovod's fp16 compression, used for dense sends of buckets of fp16 parameters
-        (None: those travel as ``wire`` says)."""
+        (None: those travel as ``wire`` says).  ``pair_exchange``: the ranks are known to
+        compress alike (the start-up check compared their compressors), so two ranks may
+        swap fixed-size payloads with ``PairExchange``."""
         self.controller, self.memory, self.interval, self.warm = controller, memory, interval, warm
         self.link, self.wire, self.fp16_wire, self.prefix = link, wire, fp16_wire, prefix
         self.compressor_factory = compressor_factory
         self._compressors: Dict[float, GradientCompressor] = {}   # one per CF, kept (their state)
         self.nonfinite_policy, self.grad_scaler = nonfinite, grad_scaler
         self.local_clip_norm, self.join_safe = local_clip_norm, join_safe
+        self.pair_exchange = pair_exchange
 
     def compressor(self, cf: float) -> GradientCompressor:
         comp = self._compressors.get(cf)
@@ -189,6 +192,8 @@ class BucketEncoder:
             return SharedIndexAllreduce(*args, None if self.join_safe else step_index)
         if self.join_safe:
             return SlottedSparse(*args, decision.send_cf)
+        if self.pair_exchange and self.link.world == 2 and comp_min.fixed_count:
+            return PairExchange(*args)
         return SparseAllgather(*args)
 
     def _add_sent(self, bucket, scale: float, **sent) -> None:

@@ -257,7 +257,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             link=self._link, wire=opts["compression"], compressor_factory=factory, prefix=self._prefix,
             nonfinite=opts["nonfinite"], grad_scaler=self._grad_scaler,
             local_clip_norm=self.local_clip_norm, join_safe=self._join_safe,
-            fp16_wire=hvd.Compression.fp16)
+            fp16_wire=hvd.Compression.fp16, pair_exchange=bool(opts["check_consistency"]))
         if hasattr(controller, "set_world_size"):
             controller.set_world_size(self.world_size)
         self._exchange = make_exchange(controller, self._prefix, self._timeout, self.process_set,
@@ -273,6 +273,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._scale = 1.0            # the loss scale of the step's gradients (grad_scaler)
         self._record = StepRecord()  # what this step has done so far
         self._stats: Dict[str, float] = {}
+        self._last_collectives: Tuple[tuple, ...] = ()
         self._hooks: List[object] = []   # hook handles; _hooked: the ids of their parameters
         self._hooked: set = set()
         if self._included:
@@ -436,6 +437,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         ctrl, record = self._controller, self._record
         stats = record.summary(self._step_index, ctrl.decision, sum(b.numel for b in self._buckets),
                                step_time, comm_time, skipped)
+        self._last_collectives = tuple(record.collectives)
         observe_step(self._exchange, ctrl, record.step_stats, step_time, self.world_size, record.at_boundary,
                      skipped, stats)
         self._stats = stats
@@ -455,6 +457,14 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         """What the last step did (see docs/API_CONTRACT.md), the gains and ``next_cf``
         included: ``step()`` fills them in before it returns."""
         return self._stats
+
+    @property
+    def last_collectives(self) -> List[Tuple[str, int, int]]:
+        """What the last step sent, one entry per bucket: (transfer kind, bucket entries,
+        entries of this rank's collective tensor: floats of a dense allreduce, (k, 2) rows of
+        a sparse exchange).  The kinds are ``transfers.py``'s (``"dense"``, ``"pair"``,
+        ``"sparse"``, ...); ``benchmarks/step_time.py`` times bare Horovod calls of them."""
+        return list(self._last_collectives)
 
     def reset_timer(self) -> None:
         """Start timing the next step now. Call after pauses that are not training
@@ -738,6 +748,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             bucket is compressed and communicated with one collective.
         check_consistency: verify at start-up that all ranks agree on the model, the
             compressor and the controller (one collective), failing on every rank if not.
+            ``False`` also sends two ranks' fixed-size payloads with an allgather instead of
+            the pair exchange (``transfers.PairExchange``), since nothing then says that
+            both ranks' payloads have one size.
         momentum_correction: DGC's momentum correction with this momentum (e.g. 0.9).
             Wrap a momentum-free optimizer when using it. Off by default.
         local_clip_norm: DGC's local gradient clipping: each rank clips each bucket's

@@ -19,6 +19,9 @@ The kinds (``kind`` names them in ``optimizer.stats`` and tests):
 * ``DenseAllreduce``: the whole bucket (Horovod's wire compression, ``op`` and
   predivide factors); the residual is cleared.
 * ``SparseAllgather``: values and indices, every rank's own k (8 bytes per entry).
+* ``PairExchange``: the same payload between exactly two ranks whose payloads have the
+  same size by construction (exact Top-k, Random-k): one reducescatter that swaps them
+  (``comm.pair_exchange_async`` says why not the allgather).
 * ``SharedIndexAllreduce``: the same indices on every rank (shared-seed Random-k):
   only the values, in an allreduce (4 bytes per entry), plus the step index to check
   that every rank drew the same indices.
@@ -76,6 +79,7 @@ class Transfer:
         self.handle = None
         self.started = False
         self.stats: Optional[torch.Tensor] = None   # rank-averaged, once a carrier finished
+        self.wire_elements = 0   # this rank's collective tensor: entries (dense) or (k, 2) rows (sparse)
 
     def start(self, stats: Optional[torch.Tensor] = None) -> None:
         self.started = True
@@ -128,6 +132,7 @@ class DenseAllreduce(Transfer):
             self.wire, self.ctx = compression.compress(flat)
         self.bytes_sent = self.wire.numel() * self.wire.element_size()
         self.floats_sent = flat.numel()
+        self.wire_elements = self.wire.numel()
 
     def _submit(self, stats):
         return self._allreduce(self.wire, self.name, stats)
@@ -177,14 +182,49 @@ class SparseAllgather(_Sparse):
     def _submit(self, stats):
         if stats is not None:
             self.control_bytes += 8 * comm.header_rows(N_STATS)
-        return comm.allgather_async(comm.pack(self.payload, stats, self.numel), self.name,
-                                    self.link.process_set)
+        block = comm.pack(self.payload, stats, self.numel)
+        self.wire_elements = block.shape[0]
+        return comm.allgather_async(block, self.name, self.link.process_set)
 
     def finish(self) -> torch.Tensor:
-        out = self._wait()
+        return self._combine(self._wait())
+
+    def _combine(self, gathered: torch.Tensor) -> torch.Tensor:
+        """Every rank's rows (rank order) -> the statistics, and the bucket's aggregate."""
         if self.with_stats:
-            self.stats = comm.read_header_stats(out, self.link.world, N_STATS)
-        return self._mean(comm.unpack_sum(out, self.numel))
+            self.stats = comm.read_header_stats(gathered, self.link.world, N_STATS)
+        return self._mean(comm.unpack_sum(gathered, self.numel))
+
+
+class PairExchange(SparseAllgather):
+    """Two ranks, payloads of one size on both (``GradientCompressor.fixed_count``): each
+    receives the other's block and lays the two out in rank order, exactly as the allgather
+    would have returned them, so every rank adds them up in the same order.
+
+    Should the two blocks' sizes ever differ (the ranks' decisions diverged between two
+    consensus checks; the next check puts every rank back on rank 0's state), Horovod
+    refuses the reducescatter on both ranks, and both send the same blocks again with
+    the allgather, which takes any sizes."""
+
+    kind = "pair"
+
+    def _submit(self, stats):
+        if stats is not None:
+            self.control_bytes += 8 * comm.header_rows(N_STATS)
+        self.block = comm.pack(self.payload, stats, self.numel)
+        self.wire_elements = self.block.shape[0]
+        return comm.pair_exchange_async(self.block, self.name, self.link.process_set)
+
+    def finish(self) -> torch.Tensor:
+        try:
+            other = self._wait()
+        except comm.MismatchedShapesError:
+            self.kind = "sparse"
+            gathered = comm.wait(comm.allgather_async(self.block, self.name + ".ag", self.link.process_set),
+                                 self.name + ".ag", self.link.timeout)
+            return self._combine(gathered)
+        first = comm.group_rank(self.link.process_set) == 0
+        return self._combine(torch.cat([self.block, other] if first else [other, self.block]))
 
 
 class SlottedSparse(_Sparse):
@@ -208,6 +248,7 @@ class SlottedSparse(_Sparse):
             self.control_bytes += 8 * comm.header_rows(N_STATS)
         me = comm.group_rank(self.link.process_set)
         buf = comm.pack_slot(self.payload, stats, self.numel, self.link.world, me, self.cap, N_STATS)
+        self.wire_elements = buf.shape[0]
         return comm.allreduce_sum_async(buf, self.name, self.link.process_set)
 
     def finish(self) -> torch.Tensor:
@@ -233,6 +274,7 @@ class SharedIndexAllreduce(_Sparse):
         self.values = values
         k = payload.values.numel()
         self.bytes_sent, self.floats_sent = 4 * k, k
+        self.wire_elements = values.numel()
 
     def _submit(self, stats):
         return self._allreduce(self.values, self.name, stats)
@@ -305,6 +347,7 @@ class LowRankTransfer(Transfer):
                 self.plan.append((s, e, None, None, None, None))
         self.p_buf = torch.cat(parts)
         self.bytes_sent = 4 * self.p_buf.numel()
+        self.wire_elements = self.p_buf.numel()   # (phase 2 adds Q's)
         self.floats_sent = self.p_buf.numel()
         self.aggregated: Optional[torch.Tensor] = None
         self.p: List[Optional[torch.Tensor]] = []
@@ -331,6 +374,7 @@ class LowRankTransfer(Transfer):
         if q_parts:
             qbuf = torch.cat(q_parts)
             self.bytes_sent += 4 * qbuf.numel()
+            self.wire_elements += qbuf.numel()
             self.floats_sent += qbuf.numel()
             self.handle = comm.allreduce_async(qbuf, self.name + ".Q", None,
                                                process_set=self.link.process_set)

@@ -51,12 +51,17 @@ class GradientCompressor(_HorovodCompressor):
         step_seeded: True when the draws depend on the step: the optimizer calls
             :meth:`set_step` before each bucket and keeps the step index the same on every
             rank (and in checkpoints).
+        fixed_count: True when every payload of a tensor of n entries at CF ``cf`` holds
+            exactly ``kept_count(n, cf)`` entries, on every rank (exact Top-k, Random-k).
+            Two ranks then exchange payloads of equal size, which lets the optimizer use
+            its pair exchange (``transfers.PairExchange``) instead of an allgather.
         last_quality: after ``compress``, kept / k of a threshold estimate (None: exact k).
     """
 
     low_rank = False
     shared_indices = False
     step_seeded = False
+    fixed_count = False
     last_quality: Optional[float] = None
 
     def set_step(self, step: int, stream: int = 0) -> None:

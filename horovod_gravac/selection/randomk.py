@@ -154,6 +154,7 @@ class RandomKSelector(Selector):
     """
 
     step_seeded = True   # set_step re-keys (with seed=None too: the step index stays aligned)
+    fixed_count = True   # always exactly k draws
 
     def __init__(self, cf: float = 100.0, seed: int = 1234):
         super().__init__(cf)

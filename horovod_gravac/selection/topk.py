@@ -370,6 +370,7 @@ class TopKSelector(Selector):
             raise ValueError(f"send_zeros must be True or False, got {send_zeros!r}")
         self._generators = DeviceGenerators(seed)
         self.send_zeros = send_zeros
+        self.fixed_count = send_zeros   # without the zeros, each rank keeps its own count
 
     def __repr__(self) -> str:
         # (the default's repr is unchanged: checkpoints and the ranks' start-up check compare it)
