@@ -40,7 +40,8 @@ import horovod.torch as hvd
 import horovod.torch as _horovod
 
 from .wire import (N_STATS, StepStats, header_rows, pack, pack_slot, read_header_stats,  # noqa: F401
-                   read_slot_stats, slot_rows, split_stats, unpack_sum, with_stats)
+                   read_slot_stats, row_words, slot_rows, split_stats, unpack_sum, value_dtype,
+                   with_stats)
 
 #: Environment variable read when ``DistributedOptimizer(timeout_s=None)``.
 TIMEOUT_ENV = "HOROVOD_GRAVAC_TIMEOUT"
@@ -250,6 +251,14 @@ def wait(handle, name: str = "collective", timeout: Optional[float] = None,
                             f"allgather and decisions with broadcast; for hvd.join() with uneven data "
                             f"use DistributedOptimizer(..., join_safe=True), which sends everything "
                             f"with allreduce.") from exc
+        if "Mismatched data types" in str(exc) or "tensor shapes" in str(exc):
+            # Horovod compared the ranks' dtypes and shapes (a payload's width is its dtype,
+            # see wire.py) and moved nothing; its message does not say which collective.
+            raise type(exc)(f"{exc} (collective '{name}'). The ranks sent different dtypes or "
+                            f"layouts for it: a bucket of float64 parameters travels as float64, "
+                            f"so every rank must build the model with the same parameter dtypes "
+                            f"(DistributedOptimizer's start-up check, check_consistency=True, "
+                            f"compares them).") from exc
         raise
 
 
