@@ -93,7 +93,7 @@ class BucketEncoder:
         return self._nonfinite(bucket, grads, decision, record, step_index, with_stats)
 
     def _nonfinite(self, bucket, grads, decision, record, step_index, with_stats) -> Transfer:
-        """This rank's bucket holds NaN/Inf (or does not fit its float32 values).  ``propagate``:
+        """This rank's bucket holds NaN/Inf (or a value its float32 wire cannot hold).  ``propagate``:
         send it so every rank receives a non-finite bucket (as plain Horovod does);
         ``zero``: contribute zeros through the very same collective (in the bucket's
         ``value_dtype``, as every rank's)."""

@@ -124,7 +124,8 @@ def pack(payload: SparsePayload, stats: Optional[torch.Tensor] = None, numel: in
     out[head:, :w - 1] = payload.values.to(dtype).view(torch.int32).view(k, w - 1)
     out[head:, w - 1] = payload.indices
     if stats is not None:
-        out[:head, :w - 1] = 0
+        if w == 3:
+            out[:head, 1] = 0   # (column 0 is written in full below)
         out[:head, w - 1] = numel
         out[0, 0] = k
         out[1:head, 0] = stats.to(device=out.device, dtype=torch.float64).view(torch.int32)
