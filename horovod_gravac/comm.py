@@ -40,7 +40,7 @@ import horovod.torch as hvd
 import horovod.torch as _horovod
 
 from .wire import (N_STATS, StepStats, header_rows, pack, pack_slot, read_header_stats,  # noqa: F401
-                   read_slot_stats, row_words, slot_rows, split_stats, unpack_sum, value_dtype,
+                   read_slot_stats, row_words, rows_dtype, slot_rows, split_stats, unpack_sum,
                    with_stats)
 
 #: Environment variable read when ``DistributedOptimizer(timeout_s=None)``.

@@ -186,7 +186,7 @@ class SparseAllgather(_Sparse):
 
     def finish(self) -> torch.Tensor:
         out = self._wait()
-        comm.value_dtype(out, self.dtype, self.name)   # before any header is read
+        comm.rows_dtype(out, self.dtype, self.name)   # before any header is read
         if self.with_stats:
             self.stats = comm.read_header_stats(out, self.link.world, N_STATS)
         return self._mean(comm.unpack_sum(out, self.numel, self.dtype, self.name))
@@ -217,7 +217,7 @@ class SlottedSparse(_Sparse):
 
     def finish(self) -> torch.Tensor:
         out = self._wait()
-        comm.value_dtype(out, self.dtype, self.name)   # before any header is read
+        comm.rows_dtype(out, self.dtype, self.name)   # before any header is read
         if self.with_stats:
             self.stats = comm.read_slot_stats(out, self.link.world, self.cap, N_STATS)
         return self._mean(comm.unpack_sum(out, self.numel, self.dtype, self.name))

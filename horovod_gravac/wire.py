@@ -15,7 +15,7 @@ dtype), then divides by the number of ranks.
 The row width is the dtype's header: Horovod compares every rank's shape (and dtype)
 before it moves a byte and fails the collective when they differ, so a rank never
 reads another rank's words as the wrong type; each reader also checks the width
-against its bucket's dtype (:func:`value_dtype`), and ``comm.wait`` names the bucket
+against its bucket's dtype (:func:`rows_dtype`), and ``comm.wait`` names the bucket
 when Horovod refuses a mismatch.
 
 Payloads whose indices are the same on every rank (Random-k with a shared seed)
@@ -89,7 +89,7 @@ def row_words(dtype: torch.dtype) -> int:
     return ROW_WORDS[torch.float64 if dtype == torch.float64 else torch.float32]
 
 
-def value_dtype(wire: torch.Tensor, expected: torch.dtype, name: str = "") -> torch.dtype:
+def rows_dtype(wire: torch.Tensor, expected: torch.dtype, name: str = "") -> torch.dtype:
     """The dtype of the values in a (gathered or summed) wire buffer, read from its row width;
     ``RuntimeError`` naming the bucket ``name`` unless it is ``expected`` (the bucket's own)."""
     by_width = {w: d for d, w in ROW_WORDS.items()}
@@ -143,7 +143,7 @@ def unpack_sum(gathered: torch.Tensor, numel: int, dtype: torch.dtype = torch.fl
     ``index_add_`` does that; on CUDA it adds with atomics in whatever order threads
     arrive, and with three or more ranks the rounding could differ between ranks (their
     parameters would drift apart), so there it runs under PyTorch's deterministic mode."""
-    dtype = value_dtype(gathered, dtype, name)
+    dtype = rows_dtype(gathered, dtype, name)
     w = row_words(dtype)
     out = torch.zeros(numel + 1, dtype=dtype, device=gathered.device)
     if gathered.numel():

@@ -166,10 +166,10 @@ def test_a_payload_read_as_the_wrong_dtype_is_an_error_naming_the_bucket(sent, e
     dtype refuses to read them (Horovod itself refuses to gather rows of different widths)."""
     made = payload64 if sent == torch.float64 else payload
     packed = comm.pack(made([1.0, 2.0], [0, 1]), torch.zeros(6, dtype=torch.float64), 4)
-    assert comm.value_dtype(packed, sent, "gravac.bucket.3") == sent
+    assert comm.rows_dtype(packed, sent, "gravac.bucket.3") == sent
     with pytest.raises(RuntimeError, match=f"bucket gravac.bucket.3 arrived as rows of "
                                            f"{comm.row_words(sent)} int32 words \\({sent} values\\).*"
                                            f"sends {expected} values"):
         comm.unpack_sum(packed, 4, expected, "gravac.bucket.3")
     with pytest.raises(RuntimeError, match="bucket gravac.bucket.3 arrived as a tensor of shape \\(8,\\)"):
-        comm.value_dtype(torch.zeros(8, dtype=torch.int32), sent, "gravac.bucket.3")
+        comm.rows_dtype(torch.zeros(8, dtype=torch.int32), sent, "gravac.bucket.3")

@@ -30,7 +30,7 @@ from .. import native
 from ..cf import check_cf, kept_count  # noqa: F401  (part of this module's API)
 from ..selection.base import Selector
 from ..selection.payload import (FLOAT_DTYPES, SparseContext, SparsePayload,  # noqa: F401  (re-exported)
-                                 check_tensor, value_dtype)
+                                 check_tensor, payload_dtype)
 
 try:  # Horovod is a hard dependency at run time; keep the pure parts importable without it.
     from horovod.torch.compression import Compressor as _HorovodCompressor
@@ -83,7 +83,7 @@ class SparseCompressor(Selector, GradientCompressor):
         ctx = SparseContext(tensor.shape, tensor.dtype, flat.numel())
         if ctx.numel == 0:
             empty = torch.empty(0, dtype=torch.int32, device=flat.device)
-            return SparsePayload(empty.to(value_dtype(flat.dtype)), empty), ctx
+            return SparsePayload(empty.to(payload_dtype(flat.dtype)), empty), ctx
         return self.select_payload(flat, kept_count(ctx.numel, self.cf)), ctx
 
     def decompress(self, payload: SparsePayload, ctx: SparseContext,

@@ -50,13 +50,13 @@ def check_tensor(tensor: torch.Tensor) -> None:
 
 
 def sparse_payload(flat: torch.Tensor, indices: torch.Tensor) -> SparsePayload:
-    """The payload keeping ``flat[indices]`` (values gathered, as :func:`value_dtype` says;
+    """The payload keeping ``flat[indices]`` (values gathered, as :func:`payload_dtype` says;
     indices as int32)."""
     values = flat.index_select(0, indices.long() if indices.dtype != torch.int64 else indices)
-    return SparsePayload(values.to(value_dtype(flat.dtype)), indices.to(torch.int32))
+    return SparsePayload(values.to(payload_dtype(flat.dtype)), indices.to(torch.int32))
 
 
-def value_dtype(dtype: torch.dtype) -> torch.dtype:
+def payload_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a payload's values keep for a tensor of ``dtype``: float64 stays float64 (a
     float64 gradient must not be rounded, nor a finite one beyond float32's range made
     inf); half precision is widened to float32."""
