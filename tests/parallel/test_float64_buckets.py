@@ -65,6 +65,11 @@ def cases():
     return out
 
 
+def cname_of(name):
+    """The compressor's part of a case's name."""
+    return name.split("/")[1]
+
+
 def data64(step):
     x, y = batch(step)
     return x.double(), y
@@ -221,10 +226,6 @@ def test_the_values_that_arrive_are_the_gradients_own_float64_digits():
         except Exception as exc:
             record_failure(failures, name, exc)
     assert not failures, "\n".join(failures)
-
-
-def cname_of(name):
-    return name.split("/")[1]
 
 
 def test_float64_payloads_are_counted_at_twelve_bytes_an_entry():
