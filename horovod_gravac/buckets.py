@@ -37,6 +37,9 @@ class Bucket:
         # buckets travel in it, as Horovod's do (encoder.BucketEncoder._dense)
         dtypes = {p.dtype for p in self.params}
         self.dtype = dtypes.pop() if len(dtypes) == 1 else None
+        # g_ef, residuals and sent values: float64 for float64 parameters (the bucketing never
+        # mixes them with others), float32 for the rest
+        self.value_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self.expected = len(self.params)   # hooks that must fire before it launches
 
     def remove(self, p) -> Tuple[int, int]:
@@ -106,12 +109,20 @@ def views_like(flat: torch.Tensor, like, offsets) -> List[torch.Tensor]:
     return [flat[s:e] if t is None else flat[s:e].view(t.shape) for t, (s, e) in zip(like, offsets)]
 
 
+def _float64(p) -> bool:
+    return p.dtype == torch.float64
+
+
 def make_buckets(named: List[Tuple[str, torch.nn.Parameter]], cap_bytes: int,
                   first_index: int = 0) -> List[Bucket]:
+    """Buckets of at most ``cap_bytes`` (4 bytes an entry) of consecutive parameters, in
+    reverse order; a change of device, or between float64 and other parameters, starts a
+    new one (a bucket's values travel in one dtype: float64 ones must not be rounded)."""
     # Reverse registration order approximates the order gradients become ready.
     buckets, current, size = [], [], 0
     for name, p in reversed(named):
-        if current and (size + p.numel() * 4 > cap_bytes or p.device != current[0][1].device):
+        if current and (size + p.numel() * 4 > cap_bytes or p.device != current[0][1].device
+                        or _float64(p) != _float64(current[0][1])):
             buckets.append(Bucket(first_index + len(buckets), current))
             current, size = [], 0
         current.append((name, p))
@@ -124,7 +135,8 @@ def make_buckets(named: List[Tuple[str, torch.nn.Parameter]], cap_bytes: int,
 def grouped_buckets(named, groups, cap_bytes) -> List[Bucket]:
     """Horovod's ``groups``: an int splits the parameters into that many buckets of
     consecutive parameters; a list of lists makes each inner list one bucket (the
-    parameters in no list are bucketed by ``bucket_cap_mb``)."""
+    parameters in no list are bucketed by ``bucket_cap_mb``).  A group holding float64
+    and other parameters becomes two buckets, its float64 ones and the rest."""
     if isinstance(groups, int):
         n = min(groups, len(named))
         base, extra = divmod(len(named), n) if n else (0, 0)
@@ -133,13 +145,22 @@ def grouped_buckets(named, groups, cap_bytes) -> List[Bucket]:
             size = base + (1 if i < extra else 0)
             chunks.append(named[pos:pos + size])
             pos += size
-        return [Bucket(i, list(reversed(c))) for i, c in enumerate(reversed(chunks)) if c]
+        members = [part for c in reversed(chunks) for part in _by_float64(list(reversed(c)))]
+        return [Bucket(i, m) for i, m in enumerate(members)]
     position = {id(p): i for i, (_, p) in enumerate(named)}
     buckets, grouped = [], set()
     for group in reversed(groups):
         members = [named[position[id(p)]] for p in group if id(p) in position]
         grouped.update(id(p) for p in group)
-        if members:
-            buckets.append(Bucket(len(buckets), members))
+        for part in _by_float64(members):
+            buckets.append(Bucket(len(buckets), part))
     rest = [(n, p) for n, p in named if id(p) not in grouped]
     return buckets + make_buckets(rest, cap_bytes, first_index=len(buckets))
+
+
+def _by_float64(members) -> List[list]:
+    """``members`` (name, parameter) as one list, or two when it mixes float64 parameters
+    with others (the others first, each in its order); none when empty."""
+    f64 = [m for m in members if _float64(m[1])]
+    rest = [m for m in members if not _float64(m[1])]
+    return [part for part in (rest, f64) if part]

@@ -16,6 +16,12 @@ optimizer that loads it (:func:`check_compatible`) and verify every residual's
 checksum (:func:`verify_residuals`); any difference raises ``ValueError`` naming it.
 States written before velocities and interval sums were saved load as before.
 
+Residuals, velocities, interval sums and PowerSGD's warm starts are saved in their
+bucket's dtype: float64 for float64 parameters (they round-trip bit for bit), float32
+otherwise.  A state written before float64 parameters kept float64 state holds float32
+buffers for them; it loads, each buffer widened to float64 (exact: the loaded values are
+the saved ones), and training goes on in float64.
+
 Loading a state that was written for another rank or world size is refused, because the
 residuals (the part of the gradient this rank has not sent yet) belong to the rank that
 wrote them: loading rank 0's residuals on every rank would send rank 0's leftovers N

@@ -40,7 +40,8 @@ import horovod.torch as hvd
 import horovod.torch as _horovod
 
 from .wire import (N_STATS, StepStats, header_rows, pack, pack_slot, read_header_stats,  # noqa: F401
-                   read_slot_stats, slot_rows, split_stats, unpack_sum, with_stats)
+                   read_slot_stats, row_words, rows_dtype, slot_rows, split_stats, unpack_sum,
+                   with_stats)
 
 #: Environment variable read when ``DistributedOptimizer(timeout_s=None)``.
 TIMEOUT_ENV = "HOROVOD_GRAVAC_TIMEOUT"
@@ -269,14 +270,23 @@ def wait(handle, name: str = "collective", timeout: Optional[float] = None,
     try:
         return hvd.synchronize(handle)
     except Exception as exc:
-        if "Mismatched" in str(exc) and "tensor shapes" in str(exc):
-            raise MismatchedShapesError(f"{exc} (collective '{name}')") from exc
         if "not supported with Join" in str(exc):   # a peer sits in hvd.join()
             raise type(exc)(f"{exc} (collective '{name}'). horovod_gravac sends sparse payloads with "
                             f"allgather (reducescatter between two ranks) and decisions with broadcast; "
                             f"for hvd.join() with uneven data "
                             f"use DistributedOptimizer(..., join_safe=True), which sends everything "
                             f"with allreduce.") from exc
+        if "Mismatched data types" in str(exc) or "tensor shapes" in str(exc):
+            # Horovod compared the ranks' dtypes and shapes (a payload's width is its dtype,
+            # see wire.py) and moved nothing; its message does not say which collective.
+            message = (f"{exc} (collective '{name}'). The ranks sent different dtypes or "
+                       f"layouts for it: a bucket of float64 parameters travels as float64, "
+                       f"so every rank must build the model with the same parameter dtypes "
+                       f"(DistributedOptimizer's start-up check, check_consistency=True, "
+                       f"compares them).")
+            if "tensor shapes" in str(exc):   # (the pair exchange falls back on this one)
+                raise MismatchedShapesError(message) from exc
+            raise type(exc)(message) from exc
         raise
 
 

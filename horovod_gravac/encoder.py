@@ -6,6 +6,10 @@ clipping, error feedback, the NaN/Inf policy, multi-level compression
 for the controller; once the step's collectives are done, residual = g_ef - sent.
 The optimizer decides when a bucket launches and starts the transfer; the encoder
 never submits a collective itself.
+
+A bucket's g_ef, residual and sent values are in its ``value_dtype``: float64 for
+float64 parameters (a float64 gradient is neither rounded to float32 nor, when it is
+finite beyond float32's range, turned into inf), float32 for every other dtype.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import torch
 from .accounting import StepRecord
 from .compressors.base import GradientCompressor, SparsePayload
 from .controllers import DENSE, Controller, Decision
-from .error_feedback import ErrorFeedback, IntervalSum, add_into_slices
+from .error_feedback import ErrorFeedback, IntervalSum
 from .transfers import (DenseAllreduce, Link, LowRankTransfer, PairExchange, SharedIndexAllreduce,
                         SlottedSparse, SparseAllgather, Transfer, WarmStarts)
 from .wire import StepStats
@@ -57,7 +61,7 @@ class BucketEncoder:
         """Error feedback and compression of ``bucket``'s gradient; the transfer that
         sends it (``with_stats``: it also carries the step's statistics)."""
         grads = _bucket_grads(bucket)
-        grad_sq = _squared_norm([g for g in grads if g is not None])   # NaN/Inf if not sendable
+        grad_sq = _squared_norm([g for g in grads if g is not None], bucket.value_dtype)   # NaN/Inf if not sendable
         finite = math.isfinite(grad_sq)
         if finite and self.local_clip_norm is not None:
             # DGC's local clipping: each rank clips to clip_norm / sqrt(N), per bucket
@@ -69,87 +73,63 @@ class BucketEncoder:
                     if g is not None:
                         g.mul_(factor)
                 grad_sq = limit * limit
-        g_ef = exact = None
-        if finite and self._float64_dense(bucket) and DENSE in (decision.candidate_cf, decision.send_cf):
-            exact = self._float64_g_ef(bucket, grads, scale)
+        g_ef = None
         if finite:
             if self.grad_scaler is not None:
                 self.memory.snapshot(bucket.index)
-            g_ef = self.memory.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale)
+            g_ef = self.memory.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale,
+                                   dtype=bucket.value_dtype)
             if self.grad_scaler is not None and not finite_tensor(g_ef):
-                # residual * scale + g overflowed float32: drop this step's residual change
+                # residual * scale + g overflowed: drop this step's residual change
                 self.memory.restore(bucket.index)
                 g_ef, finite = None, False
         if finite:
             record.grad_sq += grad_sq
             if self.controller.needs_accumulation:   # Accordion's interval sum, unscaled
                 self.interval.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale,
-                                  backup=self.grad_scaler is not None)
+                                  backup=self.grad_scaler is not None, dtype=bucket.value_dtype)
             _park_frozen(bucket, g_ef)
             bucket.update_residual = True
             return self._compress(bucket, g_ef, decision, record, step_index, with_stats, measure=True,
-                                  scale=scale, exact=exact)
+                                  scale=scale)
         record.nonfinite += 1
         return self._nonfinite(bucket, grads, decision, record, step_index, with_stats)
 
     def _nonfinite(self, bucket, grads, decision, record, step_index, with_stats) -> Transfer:
-        """This rank's bucket holds NaN/Inf (or does not fit float32).  ``propagate``:
+        """This rank's bucket holds NaN/Inf (or a value its float32 wire cannot hold).  ``propagate``:
         send it so every rank receives a non-finite bucket (as plain Horovod does);
-        ``zero``: contribute zeros through the very same collective."""
-        zeros = torch.zeros(bucket.numel, dtype=torch.float32, device=bucket.device)
+        ``zero``: contribute zeros through the very same collective (in the bucket's
+        ``value_dtype``, as every rank's)."""
+        zeros = torch.zeros(bucket.numel, dtype=bucket.value_dtype, device=bucket.device)
         if self.nonfinite_policy == "zero":
             return self._compress(bucket, zeros, decision, record, step_index, with_stats, measure=False)
         if decision.candidate_cf == DENSE or decision.send_cf == DENSE:
             flat = zeros
             for g, (s, e) in zip(grads, bucket.offsets):
                 if g is not None:
-                    flat[s:e].copy_(g.reshape(-1))   # float64 beyond float32's range -> inf
+                    flat[s:e].copy_(g.reshape(-1))
             if finite_tensor(flat):   # the overflow was in residual * scale + g: signal it
                 flat[0] = float("nan")
             return self._dense(bucket, flat, with_stats)
         return self._compress(bucket, zeros, decision, record, step_index, with_stats, measure=False,
                               poison=True)
 
-    def _float64_g_ef(self, bucket, grads, scale: float) -> torch.Tensor:
-        """g_ef in float64 for a bucket of float64 parameters that may be sent dense: the
-        float32 g_ef has rounded each gradient already, and Horovod averages float64
-        gradients in float64.  Taken before the residual absorbs this step's gradient."""
-        out = torch.zeros(bucket.numel, dtype=torch.float64, device=bucket.device)
-        residual = self.memory.residuals.get(bucket.index)
-        if residual is not None and residual.numel() == bucket.numel:
-            out.add_(residual, alpha=scale)
-        add_into_slices(out, grads, bucket.offsets)
-        return out
-
-    def _dense(self, bucket, flat, with_stats: bool, exact: Optional[torch.Tensor] = None) -> Transfer:
-        """A dense allreduce of ``flat`` (float32).  A bucket of fp16 parameters travels in
-        fp16 (``fp16_wire``).  A bucket of float64 parameters travels in float64 on every
-        rank, whatever this rank's gradient (``exact`` where this rank has it, else ``flat``
-        widened: a non-finite or zeroed bucket), since Horovod fails a collective whose
-        dtype differs between ranks."""
-        if self._float64_dense(bucket):
-            flat = exact if exact is not None else flat.double()
+    def _dense(self, bucket, flat, with_stats: bool) -> Transfer:
+        """A dense allreduce of ``flat`` (in the bucket's ``value_dtype``: float64 buckets travel
+        in float64, as Horovod's).  A bucket of fp16 parameters travels in fp16 (``fp16_wire``)."""
         # fp16 parameters travel in fp16, as with Horovod's own optimizer (the carrier bucket,
         # with_stats, stays float32 on every rank alike)
         wire = self.fp16_wire if bucket.dtype == torch.float16 and self.fp16_wire is not None else self.wire
         return DenseAllreduce(self.link, self.bucket_name(bucket), flat, with_stats, wire)
 
-    def _float64_dense(self, bucket) -> bool:
-        """Dense sends of this bucket are float64 (the same answer on every rank: the
-        start-up check makes dtypes and options agree).  Not with DGC's momentum
-        correction, whose velocity is float32 and part of g_ef."""
-        return bucket.dtype == torch.float64 and self.memory.momentum is None
-
     def _compress(self, bucket, g_ef, decision: Decision, record: StepRecord, step_index: int,
-                  with_stats: bool, measure: bool, poison: bool = False, scale: float = 1.0,
-                  exact: Optional[torch.Tensor] = None) -> Transfer:
-        """``exact``: g_ef in float64 (see ``_float64_g_ef``), sent instead of g_ef when dense."""
+                  with_stats: bool, measure: bool, poison: bool = False, scale: float = 1.0) -> Transfer:
         name = self.bucket_name(bucket)
         delivery = measure and self.controller.tracks_delivery   # D += what this rank sends
         if decision.candidate_cf == DENSE:   # nothing to compress or measure: plain allreduce
             if delivery:
                 self._add_sent(bucket, scale, dense=g_ef)
-            return self._dense(bucket, g_ef, with_stats, exact)
+            return self._dense(bucket, g_ef, with_stats)
         # theta_min == 1 keeps everything: the candidate then comes from g_ef directly.
         comp_min = self.compressor(decision.theta_min if decision.theta_min > DENSE else decision.candidate_cf)
         if comp_min.low_rank:
@@ -180,12 +160,12 @@ class BucketEncoder:
                 g_ef[0] = float("nan")
             if delivery:
                 self._add_sent(bucket, scale, dense=g_ef)
-            return self._dense(bucket, g_ef, with_stats, None if poison else exact)
+            return self._dense(bucket, g_ef, with_stats)
         payload = payload_c if decision.send_cf == decision.candidate_cf else payload_min
         if delivery:
             self._add_sent(bucket, scale, values=payload.values, indices=payload.indices)
         if poison:   # every rank's sum must come out non-finite
-            payload = _poisoned(payload, comp_min.shared_indices, bucket.device)
+            payload = _poisoned(payload, comp_min.shared_indices, bucket.device, bucket.value_dtype)
         args = (self.link, name, payload, bucket.numel, bucket.device, with_stats)
         if comp_min.shared_indices:
             # The step index rides along (checked on arrival) unless join_safe's exchange aligns it.
@@ -198,7 +178,7 @@ class BucketEncoder:
 
     def _add_sent(self, bucket, scale: float, **sent) -> None:
         self.interval.add_sent(bucket.index, bucket.numel, bucket.device, scale,
-                               backup=self.grad_scaler is not None, **sent)
+                               backup=self.grad_scaler is not None, dtype=bucket.value_dtype, **sent)
 
     def commit_residual(self, bucket, scale: float, rollback: bool) -> None:
         """residual = g_ef - sent, once the step's collectives are done (or, for a step
@@ -260,11 +240,12 @@ def _park_frozen(bucket, g_ef) -> None:
             g_ef[s:e].zero_()
 
 
-def _squared_norm(grads) -> float:
+def _squared_norm(grads, value_dtype: torch.dtype = torch.float32) -> float:
     """Sum of squared L2 norms, as a float64 number; NaN/Inf if any entry is NaN/Inf or does
-    not fit float32 (the wire and the residual are float32).  The fast float32 norms
-    (accumulated in double on the CPU) are recomputed in float64 only when they overflow:
-    a float32 sum of squares past 3.4e38 (CUDA) must not pass for a NaN/Inf gradient."""
+    not fit ``value_dtype`` (the bucket's wire and residual: a float64 entry beyond float32's
+    range fits a float64 bucket only).  The fast float32 norms (accumulated in double on the
+    CPU) are recomputed in float64 only when they overflow: a float32 sum of squares past
+    3.4e38 (CUDA) must not pass for a NaN/Inf gradient."""
     if not grads:
         return 0.0
     # One stack, then one conversion: a .double() per parameter is a kernel launch each.
@@ -273,6 +254,8 @@ def _squared_norm(grads) -> float:
         if not all(finite_tensor(g) for g in grads):
             return math.inf
         total = float(sum(torch.linalg.vector_norm(g, dtype=torch.float64) ** 2 for g in grads))
+    if value_dtype == torch.float64:
+        return total
     for g in grads:   # float64 gradients may hold finite values float32 cannot
         if g.dtype == torch.float64 and g.numel() and float(g.abs().max()) > _FP32_MAX:
             return math.inf
@@ -303,12 +286,14 @@ def _reads_back_freely(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
-def _poisoned(payload: SparsePayload, shared_indices: bool, device) -> SparsePayload:
+def _poisoned(payload: SparsePayload, shared_indices: bool, device,
+              dtype: torch.dtype = torch.float32) -> SparsePayload:
     """A payload that makes every rank's aggregate non-finite (same size on shared-index
-    paths, where every rank's k must match; at least one entry otherwise)."""
+    paths, where every rank's k must match; at least one entry otherwise), its values in
+    ``dtype`` (the bucket's, as every rank's)."""
     if payload.values.numel():
         return SparsePayload(torch.full_like(payload.values, float("nan")), payload.indices)
     if shared_indices:
         return payload
-    return SparsePayload(torch.full((1,), float("nan"), device=device),
+    return SparsePayload(torch.full((1,), float("nan"), dtype=dtype, device=device),
                          torch.zeros(1, dtype=torch.int32, device=device))

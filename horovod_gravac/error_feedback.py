@@ -1,10 +1,11 @@
 """Error feedback: what was not sent this step is added to the next step's gradient.
 
-One fp32 residual buffer per bucket, allocated on first use.  It doubles as the
+One residual buffer per bucket, allocated on first use, in the bucket's
+``value_dtype`` (float64 for float64 parameters, else float32).  It doubles as the
 buffer in which the error-fed gradient is formed (``g_ef = residual + g``, in
 place), so error feedback costs exactly one copy of the parameters:
 
-    g_ef = memory.add(key, grads)         # residual <- residual + g (in place)
+    g_ef = memory.add(key, grads, ...)    # residual <- residual + g (in place)
     ... compress / send ...
     memory.sent_sparse(key, indices)      # residual <- g_ef with sent entries zeroed
     memory.sent_dense(key)                # residual <- 0
@@ -57,13 +58,17 @@ def save_by_name(buffers: Dict[int, torch.Tensor], buckets) -> Dict[str, torch.T
 
 def load_by_name(buffers: Dict[int, torch.Tensor], saved: Dict[str, torch.Tensor], buckets) -> None:
     """The inverse of :func:`save_by_name`: the saved slices are copied in (a bucket without
-    a buffer gets a zero one first); an empty ``saved`` (a re-targeted state) zeroes the
-    buffers that exist."""
+    a buffer gets a zero one first, in the bucket's ``value_dtype``); an empty ``saved`` (a
+    re-targeted state) zeroes the buffers that exist.  A float32 slice saved for a float64
+    bucket (a checkpoint written before float64 buckets kept float64 residuals) is widened,
+    which is exact."""
     for b in buckets:
         if any(n in saved for n in b.names):
             buf = buffers.get(b.index)
-            if buf is None or buf.numel() != b.numel or buf.device != torch.device(b.device):
-                buf = buffers[b.index] = torch.zeros(b.numel, dtype=torch.float32, device=b.device)
+            dtype = getattr(b, "value_dtype", torch.float32)
+            if buf is None or buf.numel() != b.numel or buf.device != torch.device(b.device) \
+                    or buf.dtype != dtype:
+                buf = buffers[b.index] = torch.zeros(b.numel, dtype=dtype, device=b.device)
             for name, (s, e) in zip(b.names, b.offsets):
                 if name in saved:
                     buf[s:e].copy_(saved[name])
@@ -80,21 +85,22 @@ class ErrorFeedback:
         self.velocities: Dict[int, torch.Tensor] = {}
         self._snapshots: Dict[int, tuple] = {}   # see snapshot()
 
-    def buffer(self, key: int, numel: int, device) -> torch.Tensor:
+    def buffer(self, key: int, numel: int, device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         buf = self.residuals.get(key)
-        if buf is None or buf.numel() != numel or buf.device != torch.device(device):
-            buf = torch.zeros(numel, dtype=torch.float32, device=device)
+        if buf is None or buf.numel() != numel or buf.device != torch.device(device) or buf.dtype != dtype:
+            buf = torch.zeros(numel, dtype=dtype, device=device)
             self.residuals[key] = buf
         return buf
 
     def add(self, key: int, grads: Iterable[Optional[torch.Tensor]], offsets, numel: int, device,
-            scale: float = 1.0) -> torch.Tensor:
+            scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """residual += concatenated gradients (missing gradients count as zero).
 
         ``scale``: the gradients carry a loss scale (mixed precision) and the residual
         does not; the residual (and velocity) is scaled to match first, and
-        :meth:`unscale` takes it back after sending (exact for powers of two)."""
-        buf = self.buffer(key, numel, device)
+        :meth:`unscale` takes it back after sending (exact for powers of two).
+        ``dtype``: the residual's (and velocity's), the bucket's ``value_dtype``."""
+        buf = self.buffer(key, numel, device, dtype)
         if scale != 1.0:
             buf.mul_(scale)
             if key in self.velocities:
@@ -103,8 +109,8 @@ class ErrorFeedback:
             add_into_slices(buf, grads, offsets)
             return buf
         u = self.velocities.get(key)
-        if u is None or u.numel() != numel:
-            u = self.velocities[key] = torch.zeros(numel, dtype=torch.float32, device=device)
+        if u is None or u.numel() != numel or u.dtype != dtype:
+            u = self.velocities[key] = torch.zeros(numel, dtype=dtype, device=device)
         u.mul_(self.momentum)
         add_into_slices(u, grads, offsets)
         return buf.add_(u)
@@ -192,7 +198,8 @@ class ErrorFeedback:
 
 
 class IntervalSum:
-    """Running sums over the current accumulation interval, one fp32 buffer per bucket:
+    """Running sums over the current accumulation interval, one buffer per bucket (in its
+    ``value_dtype``, as the residuals):
     ``sums`` of the raw (unscaled) gradients G (Accordion; GraVAC's "delivered" variant
     starts G at the residual, see ``seed``) and, when asked, ``sent`` of what this rank
     sent D (the compressed error-fed gradient; "delivered").  Read, and restarted, at the
@@ -204,10 +211,10 @@ class IntervalSum:
         self._backups: Dict[Tuple[str, int], torch.Tensor] = {}   # see add(backup=True)
 
     def _buffer(self, table: Dict[int, torch.Tensor], tag: str, key: int, numel: int, device,
-                backup: bool) -> torch.Tensor:
+                backup: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         acc = table.get(key)
         if acc is None:
-            acc = table[key] = torch.zeros(numel, dtype=torch.float32, device=device)
+            acc = table[key] = torch.zeros(numel, dtype=dtype, device=device)
         if backup:
             saved = self._backups.get((tag, key))
             if saved is None:
@@ -215,24 +222,27 @@ class IntervalSum:
             saved.copy_(acc)
         return acc
 
-    def add(self, key: int, grads, offsets, numel: int, device, scale: float, backup: bool) -> None:
+    def add(self, key: int, grads, offsets, numel: int, device, scale: float, backup: bool,
+            dtype: torch.dtype = torch.float32) -> None:
         """G += g / scale.  ``backup``: remember the sum before, for :meth:`rollback`
         (a step that every rank skips: a loss-scaler overflow)."""
-        acc = self._buffer(self.sums, "sums", key, numel, device, backup)
+        acc = self._buffer(self.sums, "sums", key, numel, device, backup, dtype)
         add_into_slices(acc, grads, offsets, alpha=1.0 / scale)
 
     def seed(self, key: int, owed: torch.Tensor) -> None:
         """G = ``owed`` at the start of an interval (its sums were just reset)."""
-        self._buffer(self.sums, "sums", key, owed.numel(), owed.device, backup=False).copy_(owed)
+        self._buffer(self.sums, "sums", key, owed.numel(), owed.device, backup=False,
+                     dtype=owed.dtype).copy_(owed)
 
     def add_sent(self, key: int, numel: int, device, scale: float, backup: bool,
-                 dense: Optional[torch.Tensor] = None, values=None, indices=None) -> None:
+                 dense: Optional[torch.Tensor] = None, values=None, indices=None,
+                 dtype: torch.dtype = torch.float32) -> None:
         """D += sent / scale: a dense vector, or sparse ``values`` at ``indices``."""
-        acc = self._buffer(self.sent, "sent", key, numel, device, backup)
+        acc = self._buffer(self.sent, "sent", key, numel, device, backup, dtype)
         if dense is not None:
             acc.add_(dense, alpha=1.0 / scale)
         elif values is not None and values.numel():
-            acc.index_add_(0, indices.long(), values.to(torch.float32), alpha=1.0 / scale)
+            acc.index_add_(0, indices.long(), values.to(acc.dtype), alpha=1.0 / scale)
 
     def rollback(self, key: int) -> None:
         for tag, table in (("sums", self.sums), ("sent", self.sent)):

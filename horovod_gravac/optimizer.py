@@ -410,7 +410,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             bucket.transfer.advance()
         aggregates = []
         for bucket in self._buckets:
-            aggregated = bucket.transfer.finish()   # flat float32 (float64: a dense float64 bucket)
+            aggregated = bucket.transfer.finish()   # flat float32 (float64: a float64 bucket)
             self._record.add_transfer(bucket.transfer)
             aggregates.append(aggregated)
             bucket.write_grads(aggregated)
@@ -722,15 +722,22 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     ``hvd.DistributedOptimizer``'s, in its order and with its meaning; the rest are
     keyword-only.
 
+    Float64 parameters: their buckets are formed, compressed, sent and remembered (error
+    feedback) in float64, with every compressor: float64 values and int32 indices (12 bytes
+    an entry), float64 residuals, so a finite gradient beyond float32's range is an ordinary
+    gradient there.  A bucket never mixes float64 parameters with others: where they are
+    neighbours, or in one of ``groups``, they are split into a float64 bucket and one for
+    the rest (float32, fp16 and bf16 parameters keep float32 values and residuals).
+
     Args:
         optimizer: any ``torch.optim.Optimizer``.
         named_parameters: ``model.named_parameters()`` (names are used for checkpoints
             and the start-up consistency check).
         compression: Horovod's wire compression of dense allreduces
-            (``hvd.Compression.none`` or ``hvd.Compression.fp16``; sparse payloads always
-            travel as float32 values with int32 indices).  A horovod_gravac compressor
-            given here is taken as ``compressor`` (and, without a controller, as
-            ``StaticCF(its cf)``).
+            (``hvd.Compression.none`` or ``hvd.Compression.fp16``; sparse payloads travel
+            as float32 values with int32 indices, float64 values for float64 parameters).
+            A horovod_gravac compressor given here is taken as ``compressor`` (and,
+            without a controller, as ``StaticCF(its cf)``).
         backward_passes_per_step: local gradient accumulation steps, as in Horovod.
         op: ``hvd.Average`` (default) or ``hvd.Sum``.  ``hvd.Adasum`` is not supported.
         gradient_predivide_factor: with ``op=hvd.Average``, gradients are scaled by

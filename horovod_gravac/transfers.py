@@ -6,8 +6,8 @@ prepares the wire tensor and counts its bytes), then
     transfer.start(stats)   # submit the collective; ``stats``: the step's StepStats
                             # vector when this is the carrier bucket (see comm.py)
     transfer.advance()      # move to the last phase (PowerSGD: P done, start Q)
-    transfer.finish()       # the bucket's combined flat gradient: float32, or float64
-                            # for a dense bucket of float64 parameters
+    transfer.finish()       # the bucket's combined flat gradient: float64 for a bucket
+                            # of float64 parameters, else float32
 
 A carrier bucket (``with_stats=True``) is built, then started later, once every other
 bucket is compressed (the step's statistics are complete only then).  After ``finish``
@@ -18,13 +18,14 @@ The kinds (``kind`` names them in ``optimizer.stats`` and tests):
 
 * ``DenseAllreduce``: the whole bucket (Horovod's wire compression, ``op`` and
   predivide factors); the residual is cleared.
-* ``SparseAllgather``: values and indices, every rank's own k (8 bytes per entry).
+* ``SparseAllgather``: values and indices, every rank's own k (8 bytes per entry;
+  12 for float64 values).
 * ``PairExchange``: the same payload between exactly two ranks whose payloads have the
   same size by construction (exact Top-k, Random-k): one reducescatter that swaps them
   (``comm.pair_exchange_async`` says why not the allgather).
 * ``SharedIndexAllreduce``: the same indices on every rank (shared-seed Random-k):
-  only the values, in an allreduce (4 bytes per entry), plus the step index to check
-  that every rank drew the same indices.
+  only the values, in an allreduce (4 bytes per entry; 8 for float64), plus the step
+  index to check that every rank drew the same indices.
 * ``SlottedSparse``: ``join_safe``'s sparse wire: every rank's payload in a slot of
   an allreduce, which Horovod's ``join`` allows.
 * ``LowRankTransfer``: PowerSGD's two phases (P, then Q) in one object; the warm-start
@@ -141,18 +142,21 @@ class DenseAllreduce(Transfer):
         out = self._split_stats(self._wait())
         if not self.with_stats:
             out = self.compression.decompress(out, self.ctx)
-        return out if out.dtype == torch.float64 else out.float()   # float64: see encoder._float64_g_ef
+        return out if out.dtype == torch.float64 else out.float()   # a float64 bucket stays float64
 
     def commit(self, memory, key):
         memory.sent_dense(key)
 
 
 class _Sparse(Transfer):
-    """Payloads whose entries were sent exactly: the residual is cleared there."""
+    """Payloads whose entries were sent exactly: the residual is cleared there.  Values
+    travel in their own dtype: float64 (a bucket of float64 parameters) or float32."""
 
     def __init__(self, link, name, payload: SparsePayload, numel, device, with_stats):
         super().__init__(link, name, numel, device, with_stats)
         self.sent_indices = payload.indices
+        self.dtype = torch.float64 if payload.values.dtype == torch.float64 else torch.float32
+        self.row_bytes = 4 * comm.row_words(self.dtype)   # a value and its index
 
     def commit(self, memory, key):
         memory.sent_sparse(key, self.sent_indices)
@@ -177,11 +181,11 @@ class SparseAllgather(_Sparse):
         super().__init__(link, name, payload, numel, device, with_stats)
         self.payload = self._prescaled(payload)
         k = payload.values.numel()
-        self.bytes_sent, self.floats_sent = 8 * k, 2 * k
+        self.bytes_sent, self.floats_sent = self.row_bytes * k, 2 * k
 
     def _submit(self, stats):
         if stats is not None:
-            self.control_bytes += 8 * comm.header_rows(N_STATS)
+            self.control_bytes += self.row_bytes * comm.header_rows(N_STATS)
         block = comm.pack(self.payload, stats, self.numel)
         self.wire_elements = block.shape[0]
         return comm.allgather_async(block, self.name, self.link.process_set)
@@ -191,9 +195,10 @@ class SparseAllgather(_Sparse):
 
     def _combine(self, gathered: torch.Tensor) -> torch.Tensor:
         """Every rank's rows (rank order) -> the statistics, and the bucket's aggregate."""
+        comm.rows_dtype(gathered, self.dtype, self.name)   # before any header is read
         if self.with_stats:
             self.stats = comm.read_header_stats(gathered, self.link.world, N_STATS)
-        return self._mean(comm.unpack_sum(gathered, self.numel))
+        return self._mean(comm.unpack_sum(gathered, self.numel, self.dtype, self.name))
 
 
 class PairExchange(SparseAllgather):
@@ -210,7 +215,7 @@ class PairExchange(SparseAllgather):
 
     def _submit(self, stats):
         if stats is not None:
-            self.control_bytes += 8 * comm.header_rows(N_STATS)
+            self.control_bytes += self.row_bytes * comm.header_rows(N_STATS)
         self.block = comm.pack(self.payload, stats, self.numel)
         self.wire_elements = self.block.shape[0]
         return comm.pair_exchange_async(self.block, self.name, self.link.process_set)
@@ -240,12 +245,12 @@ class SlottedSparse(_Sparse):
             payload = SparsePayload(payload.values[:self.cap], payload.indices[:self.cap])
         super().__init__(link, name, payload, numel, device, with_stats)
         self.payload = self._prescaled(payload)
-        self.bytes_sent = 8 * link.world * comm.slot_rows(self.cap, N_STATS)
+        self.bytes_sent = self.row_bytes * link.world * comm.slot_rows(self.cap, N_STATS)
         self.floats_sent = 2 * payload.values.numel()
 
     def _submit(self, stats):
         if stats is not None:
-            self.control_bytes += 8 * comm.header_rows(N_STATS)
+            self.control_bytes += self.row_bytes * comm.header_rows(N_STATS)
         me = comm.group_rank(self.link.process_set)
         buf = comm.pack_slot(self.payload, stats, self.numel, self.link.world, me, self.cap, N_STATS)
         self.wire_elements = buf.shape[0]
@@ -253,9 +258,10 @@ class SlottedSparse(_Sparse):
 
     def finish(self) -> torch.Tensor:
         out = self._wait()
+        comm.rows_dtype(out, self.dtype, self.name)   # before any header is read
         if self.with_stats:
             self.stats = comm.read_slot_stats(out, self.link.world, self.cap, N_STATS)
-        return self._mean(comm.unpack_sum(out, self.numel))
+        return self._mean(comm.unpack_sum(out, self.numel, self.dtype, self.name))
 
 
 class SharedIndexAllreduce(_Sparse):
@@ -273,7 +279,7 @@ class SharedIndexAllreduce(_Sparse):
             values = torch.cat([values, values.new_tensor([float(step_index)])])
         self.values = values
         k = payload.values.numel()
-        self.bytes_sent, self.floats_sent = 4 * k, k
+        self.bytes_sent, self.floats_sent = values.element_size() * k, k
         self.wire_elements = values.numel()
 
     def _submit(self, stats):
@@ -283,7 +289,7 @@ class SharedIndexAllreduce(_Sparse):
         out = self._split_stats(self._wait())
         if self.step_index is not None:
             out = self._check_step(out)
-        aggregated = torch.zeros(self.numel, dtype=torch.float32, device=self.device)
+        aggregated = torch.zeros(self.numel, dtype=out.dtype, device=self.device)
         aggregated.index_copy_(0, self.sent_indices.long(), out)
         return aggregated
 
@@ -323,7 +329,8 @@ class LowRankTransfer(Transfer):
     """PowerSGD: phase 1 allreduces P = M Q of every matrix (vectors travel as they are)
     in one collective; ``advance`` orthonormalizes the mean P and starts phase 2, Q = M^T P;
     ``finish`` rebuilds P Q^T.  With ``update`` (the residual is formed this step) the
-    residual ``g_ef`` keeps what the rank-r sum missed and the warm starts move on."""
+    residual ``g_ef`` keeps what the rank-r sum missed and the warm starts move on.  All
+    of it in ``g_ef``'s dtype (float64 for float64 parameters)."""
 
     kind = "lowrank"
 
@@ -340,13 +347,14 @@ class LowRankTransfer(Transfer):
                 q = warm.q.get(key)
                 if q is None:
                     q = comp.initial_q(m, r, zlib.crc32(pname.encode()), g_ef.device)
+                q = q.to(g_ef.dtype)   # (a float32 Q saved for float64 parameters widens exactly)
                 parts.append((g_ef[s:e].view(n, m) @ q).reshape(-1))
                 self.plan.append((s, e, n, m, r, key))
             else:
                 parts.append(g_ef[s:e])
                 self.plan.append((s, e, None, None, None, None))
         self.p_buf = torch.cat(parts)
-        self.bytes_sent = 4 * self.p_buf.numel()
+        self.bytes_sent = self.p_buf.element_size() * self.p_buf.numel()
         self.wire_elements = self.p_buf.numel()   # (phase 2 adds Q's)
         self.floats_sent = self.p_buf.numel()
         self.aggregated: Optional[torch.Tensor] = None
@@ -357,7 +365,7 @@ class LowRankTransfer(Transfer):
 
     def advance(self) -> None:
         out = self._split_stats(self._wait(self.name + ".P"), mean=True)
-        aggregated = torch.zeros(self.numel, dtype=torch.float32, device=self.device)
+        aggregated = torch.zeros(self.numel, dtype=self.g_ef.dtype, device=self.device)
         q_parts, ofs = [], 0
         for s, e, n, m, r, key in self.plan:
             if n is None:
@@ -373,7 +381,7 @@ class LowRankTransfer(Transfer):
         self.handle = None
         if q_parts:
             qbuf = torch.cat(q_parts)
-            self.bytes_sent += 4 * qbuf.numel()
+            self.bytes_sent += qbuf.element_size() * qbuf.numel()
             self.wire_elements += qbuf.numel()
             self.floats_sent += qbuf.numel()
             self.handle = comm.allreduce_async(qbuf, self.name + ".Q", None,

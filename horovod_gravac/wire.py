@@ -3,15 +3,23 @@
 ``comm.py`` (the one place Horovod is called) re-exports these helpers; ``transfers.py``
 builds each bucket's collective from them.
 
-Wire format of a sparse payload: one contiguous int32 tensor of shape (k, 2);
-column 0 holds the fp32 values' bits, column 1 the int32 flat indices.  One
-``hvd.allgather`` per bucket concatenates every rank's rows along dim 0, whatever
-k each rank chose, so no sizes need to be exchanged first: 8 bytes per kept
-entry and nothing else.  Aggregation *adds* colliding indices (``index_add_``),
-then divides by the number of ranks.
+Wire format of a sparse payload: one contiguous int32 tensor of shape (k, w), a row
+per kept entry: the value's bits in the first ``w - 1`` words, the int32 flat index in
+the last.  Float32 values take one word (``w = 2``, 8 bytes an entry); float64 values,
+those of a bucket of float64 parameters, take two (``w = 3``, 12 bytes an entry), so
+they are never rounded to float32.  One ``hvd.allgather`` per bucket concatenates
+every rank's rows along dim 0, whatever k each rank chose, so no sizes need to be
+exchanged first.  Aggregation *adds* colliding indices (``index_add_``, in the values'
+dtype), then divides by the number of ranks.
+
+The row width is the dtype's header: Horovod compares every rank's shape (and dtype)
+before it moves a byte and fails the collective when they differ, so a rank never
+reads another rank's words as the wrong type; each reader also checks the width
+against its bucket's dtype (:func:`rows_dtype`), and ``comm.wait`` names the bucket
+when Horovod refuses a mismatch.
 
 Payloads whose indices are the same on every rank (Random-k with a shared seed)
-skip the indices: a dense allreduce of the k values, 4 bytes per entry.
+skip the indices: a dense allreduce of the k values (4 or 8 bytes per entry).
 
 Statistics ride along: an adaptive controller needs every step's squared norms
 averaged over the ranks.  Instead of a collective of their own (or a Horovod grouped
@@ -21,12 +29,14 @@ inside one bucket's own tensor:
 * allgather: each rank's block starts with ``1 + 2 * n`` header rows whose index
   column points at a slack slot just past the bucket (so ``index_add_`` needs no
   parsing and drops them): row 0 holds the block's payload row count, the next
-  rows the n float64 statistics as int32 words.  Every rank reads every rank's
+  rows the n float64 statistics as int32 words (in the first column, whatever
+  the width).  Every rank reads every rank's
   header (N small reads) and averages in rank order: the same bits everywhere;
-* allreduce: the statistics are appended to the tensor as float32 and averaged with
-  it: about 7 significant digits (plenty for gains compared with epsilon and omega),
-  float32's range (a sum of squares past 3.4e38 arrives as inf, and the optimizer
-  then treats the step as non-finite).
+* allreduce: the statistics are appended to the tensor in its dtype and averaged with
+  it.  As float32: about 7 significant digits (plenty for gains compared with epsilon
+  and omega), float32's range (a sum of squares past 3.4e38 arrives as inf, and the
+  optimizer then treats the step as non-finite); a float64 bucket carries them in
+  float64.
 """
 from __future__ import annotations
 
@@ -69,6 +79,33 @@ class StepStats:
 N_STATS = len(fields(StepStats))
 
 
+#: int32 words of a payload row, by the dtype of its values: the value's words, then the index.
+ROW_WORDS = {torch.float32: 2, torch.float64: 3}
+
+
+def row_words(dtype: torch.dtype) -> int:
+    """Words of a payload row for values of ``dtype`` (float64: 3, everything else: 2, as
+    it travels as float32)."""
+    return ROW_WORDS[torch.float64 if dtype == torch.float64 else torch.float32]
+
+
+def rows_dtype(wire: torch.Tensor, expected: torch.dtype, name: str = "") -> torch.dtype:
+    """The dtype of the values in a (gathered or summed) wire buffer, read from its row width;
+    ``RuntimeError`` naming the bucket ``name`` unless it is ``expected`` (the bucket's own)."""
+    by_width = {w: d for d, w in ROW_WORDS.items()}
+    width = wire.shape[1] if wire.dim() == 2 else None
+    got = by_width.get(width)
+    want = torch.float64 if expected == torch.float64 else torch.float32
+    if got != want:
+        what = f"rows of {width} int32 words ({got} values)" if got is not None \
+            else f"a tensor of shape {tuple(wire.shape)}, not a payload"
+        raise RuntimeError(
+            f"horovod_gravac: bucket {name or '?'} arrived as {what}, but this rank's bucket sends "
+            f"{want} values ({ROW_WORDS[want]} words a row). The ranks disagree on the bucket's "
+            f"dtype: every rank must build the model with the same parameter dtypes.")
+    return got
+
+
 def header_rows(n: int) -> int:
     """Rows of a statistics header in front of a rank's allgather block: the payload's
     row count, then ``n`` float64 statistics as two int32 words each."""
@@ -76,34 +113,43 @@ def header_rows(n: int) -> int:
 
 
 def pack(payload: SparsePayload, stats: Optional[torch.Tensor] = None, numel: int = 0) -> torch.Tensor:
-    """The (k, 2) int32 wire buffer; with ``stats`` (float64) a header in front of it
-    (see the module docstring; ``numel``: the bucket's size, the header's slack index)."""
+    """The (k, w) int32 wire buffer (w: :func:`row_words` of the values' dtype); with
+    ``stats`` (float64) a header in front of it (see the module docstring; ``numel``: the
+    bucket's size, the header's slack index)."""
     k = payload.values.numel()
+    dtype = torch.float64 if payload.values.dtype == torch.float64 else torch.float32
+    w = row_words(dtype)
     head = 0 if stats is None else header_rows(stats.numel())
-    out = torch.empty((head + k, 2), dtype=torch.int32, device=payload.values.device)
-    out[head:, 0] = payload.values.to(torch.float32).view(torch.int32)
-    out[head:, 1] = payload.indices
+    out = torch.empty((head + k, w), dtype=torch.int32, device=payload.values.device)
+    out[head:, :w - 1] = payload.values.to(dtype).view(torch.int32).view(k, w - 1)
+    out[head:, w - 1] = payload.indices
     if stats is not None:
-        out[:head, 1] = numel
+        if w == 3:
+            out[:head, 1] = 0   # (column 0 is written in full below)
+        out[:head, w - 1] = numel
         out[0, 0] = k
         out[1:head, 0] = stats.to(device=out.device, dtype=torch.float64).view(torch.int32)
     return out
 
 
-def unpack_sum(gathered: torch.Tensor, numel: int) -> torch.Tensor:
-    """Dense fp32 sum of every rank's rows of a gathered (sum_k, 2) buffer (header rows,
-    whose index is ``numel``, land in a slack slot that is dropped).
+def unpack_sum(gathered: torch.Tensor, numel: int, dtype: torch.dtype = torch.float32,
+               name: str = "") -> torch.Tensor:
+    """Dense sum, in ``dtype`` (the bucket's values: float32 or float64, checked against the
+    rows' width), of every rank's rows of a gathered (sum_k, w) buffer (header rows, whose
+    index is ``numel``, land in a slack slot that is dropped).
 
     Every rank computes this sum itself, so it must come out bit for bit the same on
     each: colliding indices are added in the gathered (rank) order.  On the CPU
     ``index_add_`` does that; on CUDA it adds with atomics in whatever order threads
     arrive, and with three or more ranks the rounding could differ between ranks (their
     parameters would drift apart), so there it runs under PyTorch's deterministic mode."""
-    out = torch.zeros(numel + 1, dtype=torch.float32, device=gathered.device)
+    dtype = rows_dtype(gathered, dtype, name)
+    w = row_words(dtype)
+    out = torch.zeros(numel + 1, dtype=dtype, device=gathered.device)
     if gathered.numel():
-        values = gathered[:, 0].view(torch.float32)
+        values = gathered[:, 0].view(dtype) if w == 2 else gathered[:, :2].contiguous().view(dtype).view(-1)
         with _deterministic_if(_adds_with_atomics(out)):
-            out.index_add_(0, gathered[:, 1].long(), values)
+            out.index_add_(0, gathered[:, w - 1].long(), values)
     return out[:numel]
 
 
@@ -137,7 +183,8 @@ def words_as_float64(words: torch.Tensor) -> torch.Tensor:
 
 
 def read_header_stats(gathered: torch.Tensor, world: int, n: int) -> torch.Tensor:
-    """The rank-averaged float64 statistics from the headers of a gathered buffer."""
+    """The rank-averaged float64 statistics from the headers of a gathered buffer (of
+    either width: the header's words are in its first column)."""
     head, pos, rows = header_rows(n), 0, []
     for r in range(world):
         block = gathered[pos:pos + head, 0].cpu()
@@ -160,16 +207,17 @@ def slot_rows(k_cap: int, n_stats: int) -> int:
 
 def pack_slot(payload: SparsePayload, stats: Optional[torch.Tensor], numel: int, world: int,
               rank: int, k_cap: int, n_stats: int) -> torch.Tensor:
-    """Join-safe sparse wire: a ``(world * slot_rows, 2)`` int32 buffer, zero except this
-    rank's slot, so an allreduce (sum) of it is an allgather that Horovod's ``join`` allows:
-    a joined rank adds zeros, which read as an empty payload.  Payloads longer than
-    ``k_cap`` must be cut by the caller (what is not sent stays in the residual)."""
+    """Join-safe sparse wire: a ``(world * slot_rows, w)`` int32 buffer (w as :func:`pack`'s),
+    zero except this rank's slot, so an allreduce (sum) of it is an allgather that Horovod's
+    ``join`` allows: a joined rank adds zeros, which read as an empty payload.  Payloads
+    longer than ``k_cap`` must be cut by the caller (what is not sent stays in the residual)."""
     rows = slot_rows(k_cap, n_stats)
-    out = torch.zeros((world * rows, 2), dtype=torch.int32, device=payload.values.device)
     block = pack(payload, stats if stats is not None else torch.zeros(n_stats, dtype=torch.float64), numel)
+    w = block.shape[1]
+    out = torch.zeros((world * rows, w), dtype=torch.int32, device=payload.values.device)
     out[rank * rows: rank * rows + block.shape[0]] = block
     free = out[rank * rows + block.shape[0]: (rank + 1) * rows]
-    free[:, 1] = numel   # unused rows land in the slack slot too
+    free[:, w - 1] = numel   # unused rows land in the slack slot too
     return out
 
 
@@ -177,7 +225,7 @@ def read_slot_stats(summed: torch.Tensor, world: int, k_cap: int, n_stats: int) 
     """The statistics of every slot of a summed join-safe buffer, averaged over ``world``
     (a joined rank's slot is zeros: it counts as zero, as in Horovod's joined average)."""
     rows, head = slot_rows(k_cap, n_stats), header_rows(n_stats)
-    return words_as_float64(summed.view(world, rows, 2)[:, 1:head, 0]).sum(0).div_(world)
+    return words_as_float64(summed.view(world, rows, summed.shape[1])[:, 1:head, 0]).sum(0).div_(world)
 
 
 def with_stats(flat: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:

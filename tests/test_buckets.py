@@ -3,7 +3,7 @@ error feedback and the write-back into ``p.grad`` give what one operation per pa
 for every shape, dtype, layout and missing gradient a bucket meets."""
 import torch
 
-from horovod_gravac.buckets import Bucket, views_like
+from horovod_gravac.buckets import Bucket, grouped_buckets, make_buckets, views_like
 from horovod_gravac.error_feedback import add_into_slices
 
 
@@ -68,3 +68,38 @@ def test_write_grads_fills_every_trainable_grad_in_its_dtype_and_layout():
     assert params[0].grad.stride() == (1, 4)                     # written in place
     assert params[1].grad.dtype == torch.float16 and params[3].grad.dtype == torch.float64
     assert torch.equal(params[4].grad, torch.full((7,), 9.0))
+
+
+def _typed(dtypes, n=6):
+    return [(f"p{i}", torch.nn.Parameter(torch.zeros(n, dtype=dt))) for i, dt in enumerate(dtypes)]
+
+
+def test_float64_parameters_never_share_a_bucket_with_others():
+    """A bucket's values travel and are remembered in one dtype: float64 parameters get
+    buckets of their own (value_dtype float64), the others stay together as before."""
+    f32, f64, f16 = torch.float32, torch.float64, torch.float16
+    named = _typed([f32, f32, f64, f64, f16, f32, f64])
+    buckets = make_buckets(named, cap_bytes=2 ** 20)
+    # reverse order; a switch between float64 and the rest starts a bucket, fp16 stays with float32
+    assert [b.names for b in buckets] == [["p6"], ["p5", "p4"], ["p3", "p2"], ["p1", "p0"]]
+    assert [b.value_dtype for b in buckets] == [f64, f32, f64, f32]
+    assert [b.dtype for b in buckets] == [f64, None, f64, f32]
+    # without float64, the layout is what the size cap alone makes
+    plain = make_buckets(_typed([f32, f16, f32, f32]), cap_bytes=2 * 6 * 4)
+    assert [b.names for b in plain] == [["p3", "p2"], ["p1", "p0"]]
+
+
+def test_a_group_mixing_float64_with_others_becomes_two_buckets():
+    f32, f64 = torch.float32, torch.float64
+    named = _typed([f32, f64, f32, f32, f64])
+    params = [p for _, p in named]
+    listed = grouped_buckets(named, [[params[0], params[1], params[2]], [params[3]]], cap_bytes=2 ** 20)
+    assert [b.names for b in listed] == [["p3"], ["p0", "p2"], ["p1"], ["p4"]]
+    assert [b.value_dtype for b in listed] == [f32, f32, f64, f64]
+    assert [b.index for b in listed] == [0, 1, 2, 3]
+    counted = grouped_buckets(named, 2, cap_bytes=2 ** 20)   # chunks p0-p2 and p3-p4
+    assert [b.names for b in counted] == [["p3"], ["p4"], ["p2", "p0"], ["p1"]]
+    assert [b.index for b in counted] == [0, 1, 2, 3]
+    # a float32-only grouping is unchanged
+    assert [b.names for b in grouped_buckets(_typed([f32] * 4), 2, cap_bytes=2 ** 20)] == \
+        [["p3", "p2"], ["p1", "p0"]]

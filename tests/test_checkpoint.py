@@ -287,3 +287,76 @@ def test_flipped_bytes_in_a_velocity_are_detected_and_retarget_drops_velocities(
     assert fixed["gravac"]["velocities"] == {} and fixed["gravac"]["velocity_crc32"] == {}
     opt = _opt(_model(), hg.StaticCF(4), momentum_correction=0.9)
     opt.load_state_dict(fixed)
+
+
+def _model64():
+    return _model().double()
+
+
+def _train64_from(model, opt, start, steps):
+    for step in range(start, start + steps):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(16, 6, generator=g, dtype=torch.float64), torch.randint(0, 3, (16,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("setup", ["topk", "momentum_correction", "accordion", "powersgd"])
+def test_float64_residuals_round_trip_bitwise(tmp_path, hvd1, setup):
+    """A float64 model's residuals (velocities, interval sums, PowerSGD's warm starts) are
+    float64, saved as such through a file, and a resumed run is bit for bit the uninterrupted one."""
+    import copy
+    make, kw = {"topk": (lambda: hg.StaticCF(4), {}),
+                "momentum_correction": (lambda: hg.StaticCF(4), dict(momentum_correction=0.9)),
+                "accordion": (lambda: hg.Accordion(low_cf=2, high_cf=16, threshold=0.3, interval=3), {}),
+                "powersgd": (lambda: hg.StaticCF(4), dict(compressor=hg.PowerSGDCompressor))}[setup]
+    model = _model64()
+    opt = _opt(model, make(), **kw)
+    _train64_from(model, opt, 0, 4)
+    torch.save({"opt": opt.state_dict(), "model": model.state_dict()}, tmp_path / "ckpt.pt")
+    weights = copy.deepcopy(model.state_dict())
+    ref = _train64_from(model, opt, 4, 5)
+    state = checkpoint.load(tmp_path / "ckpt.pt")["opt"]
+    gravac = state["gravac"]
+    buffers = [t for key in ("residuals", "velocities", "accumulated", "lowrank_q") for t in gravac[key].values()]
+    assert gravac["residuals"] and all(t.dtype == torch.float64 for t in buffers)
+    assert any(not torch.equal(t.float().double(), t) for t in gravac["residuals"].values())   # float64 digits
+    model2 = _model64()
+    model2.load_state_dict(weights)
+    opt2 = _opt(model2, make(), **kw)
+    opt2.load_state_dict(state)
+    got = opt2.gravac_state_dict()
+    for key in ("residuals", "velocities", "accumulated"):
+        assert set(got[key]) == set(gravac[key])
+        assert all(got[key][n].dtype == torch.float64 and torch.equal(got[key][n], t) for n, t in gravac[key].items())
+    assert torch.equal(_train64_from(model2, opt2, 4, 5), ref)
+
+
+def test_a_float32_residual_checkpoint_of_a_float64_model_loads_widened(hvd1):
+    """A checkpoint written before float64 buckets kept float64 state holds float32 residuals
+    (velocities, interval sums, PowerSGD warm starts) for a float64 model.  It loads: each is
+    widened to float64, which is exact, and training goes on in float64."""
+    for kw in (dict(momentum_correction=0.9), dict(compressor=hg.PowerSGDCompressor)):
+        model = _model64()
+        opt = _opt(model, hg.StaticCF(4), **kw)
+        _train64_from(model, opt, 0, 3)
+        state = opt.state_dict()
+        gravac = state["gravac"]
+        for key, crc_key, _ in checkpoint.PER_RANK:   # what the older version wrote
+            gravac[key] = {n: t.float() for n, t in gravac[key].items()}
+            gravac[crc_key] = checkpoint.residual_checksums(gravac[key])
+        gravac["lowrank_q"] = {n: q.float() for n, q in gravac["lowrank_q"].items()}
+        old = {n: t.clone() for n, t in gravac["residuals"].items()}
+        for h in opt._hooks:   # (the model goes on under opt2)
+            h.remove()
+        opt2 = _opt(model, hg.StaticCF(4), **kw)
+        opt2.load_state_dict(state)
+        got = opt2.gravac_state_dict()["residuals"]
+        assert set(got) == set(old)
+        assert all(got[n].dtype == torch.float64 and torch.equal(got[n], t.double()) for n, t in old.items())
+        flat = _train64_from(model, opt2, 3, 2)
+        assert torch.isfinite(flat).all() and all(t.dtype == torch.float64 for t in opt2._memory.residuals.values())
+        for h in opt2._hooks:
+            h.remove()

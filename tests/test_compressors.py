@@ -122,6 +122,85 @@ def test_wire_bytes():
     assert SparseCompressor.wire_bytes(payload, shared_indices=True) == 4 * 100
 
 
+def _float64_compressors():
+    from horovod_gravac.compressors import DGCCompressor, RedSyncCompressor, SIDCoCompressor
+    return {"topk": TopKCompressor, "dgc": DGCCompressor, "redsync": RedSyncCompressor,
+            "sidco": SIDCoCompressor, "randomk": RandomKCompressor,
+            "randomk_unseeded": lambda cf: RandomKCompressor(cf=cf, seed=None)}
+
+
+@pytest.mark.parametrize("name", list(_float64_compressors()))
+@pytest.mark.parametrize("n", [40, 20_000])   # (a small tensor's exact path, the sampled one)
+def test_float64_payloads_keep_the_gradients_own_digits(name, n):
+    """A float64 gradient's payload is float64: digits float32 would round (1.0000000001)
+    and a finite entry beyond float32's range (1e39) travel as they are; 12 bytes an entry."""
+    g = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * (1 + 1e-10)
+    g[7], g[n // 2] = 1e39, -1.0000000001e3
+    comp = _float64_compressors()[name](10)
+    comp.set_step(2, 0)
+    payload, ctx = comp.compress(g)
+    assert payload.values.dtype == torch.float64 and payload.indices.dtype == torch.int32
+    assert torch.equal(payload.values, g[payload.indices.long()])   # bit for bit
+    assert not torch.equal(payload.values.float().double(), payload.values)   # float32 would round them
+    if name != "randomk" and name != "randomk_unseeded":   # magnitude selectors keep the spike
+        assert 7 in payload.indices.tolist()
+    assert torch.equal(comp.decompress(payload, ctx), torch.zeros_like(g).index_put_(
+        (payload.indices.long(),), payload.values))
+    k = payload.values.numel()
+    assert SparseCompressor.wire_bytes(payload) == 12 * k
+    assert SparseCompressor.wire_bytes(payload, shared_indices=True) == 8 * k
+    further = comp.compress_further(payload, ctx, 2.0)   # multi-level stays float64
+    assert further.values.dtype == torch.float64 and torch.equal(further.values, g[further.indices.long()])
+    empty, _ = comp.compress(torch.empty(0, dtype=torch.float64))
+    assert empty.values.dtype == torch.float64
+
+
+@pytest.mark.parametrize("momentum", [None, 0.5])
+def test_float64_error_feedback_remembers_in_float64(momentum):
+    """A float64 residual (and DGC velocity) keeps what float32 would round, and 1e39."""
+    memory = ErrorFeedback(momentum=momentum)
+    comp = TopKCompressor(cf=4)
+    grads = [torch.tensor([1.0000000001, 1e39, -3.0, 2e-10, 0.5, 0.25, 1.0 + 2 ** -40, 7.0], dtype=torch.float64),
+             torch.full((8,), 1e-12, dtype=torch.float64)]
+    for step, grad in enumerate(grads):
+        old = memory.buffer(0, 8, "cpu", torch.float64).clone()
+        g_ef = memory.add(0, [grad], [(0, 8)], 8, "cpu", dtype=torch.float64)
+        assert g_ef.dtype == torch.float64 and torch.isfinite(g_ef).all()
+        if momentum is None:
+            assert torch.equal(g_ef, old + grad)
+        else:
+            assert memory.velocities[0].dtype == torch.float64
+        kept = g_ef.clone()
+        payload, ctx = comp.compress(g_ef)
+        memory.sent_sparse(0, payload.indices)
+        assert torch.equal(comp.decompress(payload, ctx) + memory.residuals[0], kept)   # exactly
+        if step == 0:   # 1e39 and 7.0 were sent; what stays keeps its float64 digits
+            assert sorted(payload.indices.tolist()) == [1, 7]
+            assert memory.residuals[0][[0, 6]].tolist() == [1.0000000001, 1.0 + 2 ** -40]
+    assert memory.residuals[0].dtype == torch.float64
+    # a float32 bucket's buffer is float32 as before; asking for the other dtype makes a new one
+    assert memory.buffer(1, 8, "cpu").dtype == torch.float32
+    assert memory.buffer(1, 8, "cpu", torch.float64).dtype == torch.float64
+
+
+def test_a_float32_residual_saved_for_a_float64_bucket_loads_widened():
+    """load_by_name: a checkpoint's float32 slice (written before float64 buckets kept float64
+    residuals) goes into the bucket's float64 buffer exactly; float64 slices round-trip bitwise."""
+    from types import SimpleNamespace
+    from horovod_gravac.error_feedback import load_by_name, save_by_name
+    bucket = SimpleNamespace(index=0, names=["w", "b"], offsets=[(0, 3), (3, 5)], numel=5, device="cpu",
+                             value_dtype=torch.float64)
+    saved = {"w": torch.tensor([0.1, -2.0, 1e-3], dtype=torch.float32),
+             "b": torch.tensor([1.0000000001, 1e39], dtype=torch.float64)}
+    buffers = {0: torch.full((5,), 9.0)}   # a stale float32 buffer is replaced
+    load_by_name(buffers, saved, [bucket])
+    assert buffers[0].dtype == torch.float64
+    assert buffers[0][:3].tolist() == saved["w"].double().tolist()
+    assert buffers[0][3:].tolist() == [1.0000000001, 1e39]
+    again = save_by_name(buffers, [bucket])
+    assert again["b"].dtype == torch.float64 and torch.equal(again["b"], saved["b"])
+
+
 @pytest.mark.parametrize("comp", [TopKCompressor(cf=20), RandomKCompressor(cf=20, seed=None)])
 def test_error_feedback_invariant(comp):
     """sent + new residual == gradient + old residual, every step."""

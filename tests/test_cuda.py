@@ -11,6 +11,7 @@ What is covered:
   counts within a tolerance, the kept values equal to the input at the kept indices),
   compress_further and decompress on the device;
 - fp16/bf16 gradients: the wire carries fp32 values, decompress gives the input dtype;
+  float64 gradients: float64 values (their own digits, 1e39 included), float64 wire rows;
 - ``wire.unpack_sum`` on CUDA: deterministic ``index_add_`` (the same bits in repeated
   runs, close to the CPU's rank-order sum), deterministic mode restored afterwards; the
   statistics header and the allreduce tail on CUDA;
@@ -189,6 +190,50 @@ def test_statistics_header_and_allreduce_tail_on_cuda():
         assert back.device.type == "cpu" and back.dtype == torch.float64
         assert torch.equal(tensor, flat.float())
         assert torch.allclose(back, stats[0].float().double())
+
+
+# ------------------------------------------------------------------ float64 on the device
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_float64_on_cuda_keeps_the_gradients_own_digits(name):
+    """A float64 gradient's payload on the device is float64: the kept values are the input's
+    bit for bit (digits float32 would round, and 1e39, beyond its range), multi-level too."""
+    t = (_laplace(dtype=torch.float64) * (1 + 1e-10)).cuda()
+    t[7] = 1e39
+    comp = ALL[name](100)
+    comp.set_step(3, 0)
+    payload, ctx = comp.compress(t)
+    idx = payload.indices.long()
+    assert payload.values.dtype == torch.float64 and payload.values.device.type == "cuda"
+    assert torch.equal(payload.values, t[idx]) and torch.isfinite(payload.values).all()
+    if name != "randomk":   # the magnitude selectors keep the spike
+        assert 7 in idx.tolist()
+    further = comp.compress_further(payload, ctx, 10)
+    assert further.values.dtype == torch.float64 and torch.equal(further.values, t[further.indices.long()])
+    dense = comp.decompress(payload, ctx)
+    assert dense.dtype == torch.float64 and torch.equal(dense[idx], t[idx])
+
+
+def test_float64_wire_on_cuda_is_deterministic_and_exact():
+    """Float64 rows (three words) on the device: headers read back exactly, the sum of colliding
+    rows is the same bits in repeated runs (deterministic mode) and the CPU's to float64 precision."""
+    world, numel, n, k = 3, 5000, 6, 4000
+    stats = torch.randn(world, n, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    blocks = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(r)
+        idx = torch.randint(0, numel, (k,), generator=g, dtype=torch.int32)
+        vals = torch.randn(k, generator=g, dtype=torch.float64) * (1 + 1e-10)
+        vals[r] = 1e39 * (r + 1)
+        blocks.append(wire.pack(hg.SparsePayload(vals.cuda(), idx.cuda()), stats[r].cuda(), numel))
+    dev = torch.cat(blocks)
+    assert dev.shape[1] == 3 and dev.device.type == "cuda"
+    assert torch.equal(wire.read_header_stats(dev, world, n), stats.sum(0) / world)
+    runs = [wire.unpack_sum(dev, numel, torch.float64) for _ in range(3)]
+    assert all(torch.equal(r, runs[0]) for r in runs) and runs[0].dtype == torch.float64
+    cpu = wire.unpack_sum(dev.cpu(), numel, torch.float64)
+    assert torch.isfinite(runs[0]).all() and torch.allclose(runs[0].cpu(), cpu, rtol=1e-12, atol=1e-9)
+    joined = wire.with_stats(torch.randn(10, dtype=torch.float64).cuda(), stats[0])
+    assert joined.dtype == torch.float64 and torch.equal(wire.split_stats(joined, n)[1], stats[0])
 
 
 @pytest.mark.parametrize("numel,k", [(1003, 10), (6_553_601, 655_353), (6_553_600, 65_536), (2 ** 31 + 5, 3)])

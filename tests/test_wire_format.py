@@ -105,3 +105,71 @@ def test_step_stats_round_trip_in_wire_order():
     assert t.dtype == torch.float64 and t.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 1.0]
     assert wire.N_STATS == 8 and wire.StepStats.from_tensor(t) == s
     assert comm.N_STATS == wire.N_STATS and comm.pack is wire.pack
+
+
+# -- float64 payloads and the dtype the wire says it carries --------------------------------
+def payload64(values, indices):
+    return SparsePayload(torch.tensor(values, dtype=torch.float64), torch.tensor(indices, dtype=torch.int32))
+
+
+# digits float32 would round away, a finite value beyond float32's range, and its smallest normal
+EXACT64 = [1.0000000001, -1e39, 2.0 ** -1022, 0.1]
+
+
+def test_float64_values_travel_in_three_word_rows_bit_for_bit():
+    packed = comm.pack(payload64(EXACT64, [5, 0, 9, 3]))
+    assert packed.dtype == torch.int32 and packed.shape == (4, 3)   # 12 bytes an entry
+    assert comm.row_words(torch.float64) == 3 and comm.row_words(torch.float32) == 2
+    assert comm.row_words(torch.float16) == 2   # half precision travels as float32
+    assert packed[:, 2].tolist() == [5, 0, 9, 3]
+    assert packed[:, :2].contiguous().view(torch.float64).view(-1).tolist() == EXACT64
+    dense = comm.unpack_sum(packed, 10, torch.float64)
+    assert dense.dtype == torch.float64
+    want = torch.zeros(10, dtype=torch.float64)
+    want[[5, 0, 9, 3]] = torch.tensor(EXACT64, dtype=torch.float64)
+    assert torch.equal(dense, want)
+    # float32 payloads keep their two-word rows, bit for bit as before
+    assert comm.pack(payload([1.5], [2])).shape == (1, 2)
+
+
+def test_float64_headers_survive_an_uneven_gather_and_are_dropped_from_the_sum():
+    numel = 10
+    ranks = [(payload64([1.0000000001, 2.0, 1e39], [0, 4, 9]), [4.0, 3.0, 1e78, 2.5, 0.0, 0.0]),
+             (payload64([], []), [2.0, 1.0, 0.5, 1.0e300, 7.0, 1.0]),
+             (payload64([10.0], [4]), [6.0, 5.0, 0.25, 0.5, 0.0, 0.0])]
+    packed = [comm.pack(p, torch.tensor(s, dtype=torch.float64), numel) for p, s in ranks]
+    assert [tuple(t.shape) for t in packed] == [(13 + 3, 3), (13, 3), (13 + 1, 3)]
+    gathered = torch.cat(packed)
+    assert torch.equal(comm.read_header_stats(gathered, world=3, n=6),
+                       torch.tensor([s for _, s in ranks], dtype=torch.float64).sum(0) / 3)
+    dense = comm.unpack_sum(gathered, numel, torch.float64)
+    assert dense.tolist() == [1.0000000001, 0, 0, 0, 12.0, 0, 0, 0, 0, 1e39]
+
+
+def test_float64_join_safe_slots_sum_to_every_payload_and_its_statistics():
+    """join_safe's slotted allreduce: each rank's slot in a buffer of the payload's width;
+    a joined rank's slot is zeros (an empty payload, statistics zero)."""
+    numel, world, cap = 8, 3, 4
+    stats = [torch.tensor([float(r + 1)] * 6, dtype=torch.float64) for r in range(world)]
+    slots = [comm.pack_slot(payload64([1.0000000001 * (r + 1)], [r]), stats[r], numel, world, r, cap, 6)
+             for r in range(2)]
+    assert all(t.shape == (world * comm.slot_rows(cap, 6), 3) for t in slots)
+    summed = slots[0] + slots[1]   # rank 2 joined: adds zeros
+    assert torch.equal(comm.read_slot_stats(summed, world, cap, 6), (stats[0] + stats[1]) / world)
+    dense = comm.unpack_sum(summed, numel, torch.float64)
+    assert dense[:3].tolist() == [1.0000000001, 2.0000000002, 0.0] and not dense[3:].any()
+
+
+@pytest.mark.parametrize("sent,expected", [(torch.float64, torch.float32), (torch.float32, torch.float64)])
+def test_a_payload_read_as_the_wrong_dtype_is_an_error_naming_the_bucket(sent, expected):
+    """The rows' width says which dtype they carry; a rank whose bucket expects the other
+    dtype refuses to read them (Horovod itself refuses to gather rows of different widths)."""
+    made = payload64 if sent == torch.float64 else payload
+    packed = comm.pack(made([1.0, 2.0], [0, 1]), torch.zeros(6, dtype=torch.float64), 4)
+    assert comm.rows_dtype(packed, sent, "gravac.bucket.3") == sent
+    with pytest.raises(RuntimeError, match=f"bucket gravac.bucket.3 arrived as rows of "
+                                           f"{comm.row_words(sent)} int32 words \\({sent} values\\).*"
+                                           f"sends {expected} values"):
+        comm.unpack_sum(packed, 4, expected, "gravac.bucket.3")
+    with pytest.raises(RuntimeError, match="bucket gravac.bucket.3 arrived as a tensor of shape \\(8,\\)"):
+        comm.rows_dtype(torch.zeros(8, dtype=torch.int32), sent, "gravac.bucket.3")

@@ -30,7 +30,7 @@ from .. import native
 from ..cf import check_cf, kept_count  # noqa: F401  (part of this module's API)
 from ..selection.base import Selector
 from ..selection.payload import (FLOAT_DTYPES, SparseContext, SparsePayload,  # noqa: F401  (re-exported)
-                                 check_tensor)
+                                 check_tensor, payload_dtype)
 
 try:  # Horovod is a hard dependency at run time; keep the pure parts importable without it.
     from horovod.torch.compression import Compressor as _HorovodCompressor
@@ -88,7 +88,7 @@ class SparseCompressor(Selector, GradientCompressor):
         ctx = SparseContext(tensor.shape, tensor.dtype, flat.numel())
         if ctx.numel == 0:
             empty = torch.empty(0, dtype=torch.int32, device=flat.device)
-            return SparsePayload(empty.float(), empty), ctx
+            return SparsePayload(empty.to(payload_dtype(flat.dtype)), empty), ctx
         return self.select_payload(flat, kept_count(ctx.numel, self.cf)), ctx
 
     def decompress(self, payload: SparsePayload, ctx: SparseContext,
@@ -140,9 +140,10 @@ class SparseCompressor(Selector, GradientCompressor):
     # -- helpers ----------------------------------------------------------------
     @staticmethod
     def wire_bytes(payload: SparsePayload, shared_indices: bool = False) -> int:
-        """Bytes this payload costs on the wire: 4 per value, plus 4 per index unless shared."""
-        n = payload.values.numel()
-        return 4 * n if shared_indices else 8 * n
+        """Bytes this payload costs on the wire: 4 per value (8 for float64), plus 4 per index
+        unless shared."""
+        n, size = payload.values.numel(), payload.values.element_size()
+        return size * n if shared_indices else (size + 4) * n
 
 
 def _native_scatter(values: torch.Tensor, indices: torch.Tensor, ctx: "SparseContext",

@@ -620,8 +620,8 @@ class SIDCoSelector(ThresholdSelector):
         prev_log_d = prev_log_kept = None
         too_few = too_many = None   # the log densities seen keeping fewer / more than k
         for _ in range(self.refine):
-            at = np.float32(max(threshold, float(TINY)))
-            kept = max(float(count(at)), 0.5)
+            # (count rounds the threshold to its values' dtype, as finish compares in it)
+            kept = max(float(count(max(threshold, float(TINY)))), 0.5)
             if few <= kept <= many:
                 break
             if kept < few:
@@ -669,13 +669,14 @@ class _NumpyMoments:
 
     def __init__(self, x: np.ndarray):
         self._a = np.abs(x.astype(np.float64))
+        self._dtype = x.dtype.type   # what a threshold is rounded to: float32, or float64 values'
 
     def __call__(self, threshold, squares: bool = True):
         w = self._a[self._a > threshold] - threshold   # NaN compares False: left out
         return float(w.size), float(w.sum()), (float(np.dot(w, w)) if squares else 0.0)
 
     def count_at_least(self, threshold) -> float:
-        return float(np.count_nonzero(self._a >= float(np.float32(threshold))))
+        return float(np.count_nonzero(self._a >= float(self._dtype(threshold))))
 
 
 class _Weighted:

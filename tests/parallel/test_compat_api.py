@@ -503,8 +503,9 @@ def test_broadcast_optimizer_state_leaves_parameters_alone_with_weight_decay():
 
 
 def test_parameter_dtypes_against_horovod():
-    """Models held in fp16, bf16 or float64.  Compressed gradients travel in float32 and error
-    feedback keeps float32 residuals; a dense send travels in fp16 for fp16 parameters and in
+    """Models held in fp16, bf16 or float64.  Compressed fp16/bf16 gradients travel in float32
+    and error feedback keeps float32 residuals for them, float64 in float64
+    (test_float64_buckets.py); a dense send travels in fp16 for fp16 parameters and in
     float64 for float64 ones, as Horovod's.  So Dense equals Horovod bitwise, with Horovod's
     bytes, for fp16 and float64; bf16, which Horovod 0.28.1 refuses on the CPU, trains with
     ranks identical (4 bytes an entry).  The README's compatibility table quotes

@@ -56,6 +56,13 @@ CASES = {
     "dense-f64": (TopKCompressor, lambda: hg.Dense()),
     "topk-static10-f64": (TopKCompressor, lambda: hg.StaticCF(10)),
     "topk-gravac-f64": (TopKCompressor, lambda: hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3)),
+    # compressed float64 buckets travel in float64 (12-byte rows, float64 residuals)
+    "randomk-static10-f64": (RandomKCompressor(cf=10, seed=7), lambda: hg.StaticCF(10)),
+    "dgc-static10-f64": (DGCCompressor, lambda: hg.StaticCF(10)),
+    "redsync-static10-f64": (RedSyncCompressor, lambda: hg.StaticCF(10)),
+    "sidco-static10-f64": (SIDCoCompressor, lambda: hg.StaticCF(10)),
+    "powersgd-static4-f64": (PowerSGDCompressor, lambda: hg.StaticCF(4)),
+    "topk-accordion-f64": (TopKCompressor, lambda: hg.Accordion(low_cf=2, high_cf=16, interval=3)),
 }
 
 
