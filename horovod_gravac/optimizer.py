@@ -14,15 +14,16 @@ see ``controllers.py`` for who decides):
 1. g_ef = g + residual                        (error feedback, ``error_feedback.py``)
 2. g_min = C(g_ef, theta_min)                 (first level)
 3. g_c   = C(g_min, theta_s)                  (multi-level: the candidate from g_min)
-4. send dense g_ef, g_min or g_c as decided   (``comm.py``: allreduce or one allgather)
+4. send dense g_ef, g_min or g_c as decided   (``transfers.py``: allreduce or one allgather)
 5. residual = g_ef - sent                     (once the step's collectives are done)
 
-Adaptive controllers (GraVAC, Accordion) also need the step's squared norms
-averaged over ranks.  They ride inside the last bucket's collective (``comm.py``
-describes how); that bucket holds its collective back until every other bucket is
-compressed.  At a controller's checks (GraVAC's window checks), rank 0's
-controller state then travels in one broadcast inside ``step()`` (``consensus.py``);
-between checks no collective is added.  Every
+Every collective goes through one backend object (``backend.CollectiveBackend``; here
+``horovod_backend.HorovodBackend`` on the optimizer's process set).  Adaptive controllers
+(GraVAC, Accordion) also need the step's squared norms averaged over ranks.  They ride
+inside the last bucket's collective (``wire.py`` describes how); that bucket holds its
+collective back until every other bucket is compressed.  At a controller's checks
+(GraVAC's window checks), rank 0's controller state then travels in one broadcast inside
+``step()`` (``consensus.py``); between checks no collective is added.  Every
 collective of this package is submitted from the training thread, in the same
 order on every rank, so users' own (even unnamed) collectives never interleave
 differently on different ranks.
@@ -70,6 +71,7 @@ from .consensus import make_exchange, observe_step, sync_first_step
 from .controllers import Controller, Dense, StaticCF
 from .encoder import BucketEncoder, finite_tensor
 from .error_feedback import ErrorFeedback, IntervalSum
+from .horovod_backend import HorovodBackend
 from .sparse import SparseGradients
 from .transfers import Link, WarmStarts
 
@@ -249,8 +251,9 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._warm = WarmStarts()   # PowerSGD's Q per (parameter, rank)
         sample_compressor = _sample_compressor(factory, controller)   # for checks
         self._shared_seed = sample_compressor.step_seeded
-        self._link = Link(self.process_set, self.op, self.op == hvd.Average, self.gradient_predivide_factor,
-                          comm.group_size(self.process_set) if self._included else 1, self._timeout)
+        backend = HorovodBackend(self.process_set)
+        self._link = Link(backend, self.op == hvd.Average, self.gradient_predivide_factor,
+                          backend.size() if self._included else 1, self._timeout)
         self._sparse = SparseGradients(self._link, self._prefix)   # params whose gradients are sparse
         self._encoder = BucketEncoder(
             controller=controller, memory=self._memory, interval=self._interval, warm=self._warm,
@@ -260,8 +263,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             fp16_wire=hvd.Compression.fp16, pair_exchange=bool(opts["check_consistency"]))
         if hasattr(controller, "set_world_size"):
             controller.set_world_size(self.world_size)
-        self._exchange = make_exchange(controller, self._prefix, self._timeout, self.process_set,
-                                       self._join_safe, self._shared_seed)
+        self._exchange = make_exchange(controller, self._prefix, self._timeout, backend, self._join_safe,
+                                       self._shared_seed)
         if opts["check_consistency"] and self._included and self.world_size > 1:
             _check_consistency(self, floats, sample_compressor)
 
@@ -447,6 +450,11 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._record = StepRecord()
 
     @property
+    def backend(self):
+        """The backend every collective of this optimizer goes through (``HorovodBackend``)."""
+        return self._link.backend
+
+    @property
     def controller(self) -> Controller:
         """The controller (Dense, StaticCF, GraVAC, Accordion).  Nothing updates it
         between steps, so its state is never half-updated."""
@@ -515,12 +523,12 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         ``meta`` and checksums (``checkpoint.gravac_state``)."""
         ctrl = self.controller
         return checkpoint.gravac_state(ctrl, self._step_index, self._memory, self._interval, self._warm,
-                                       self._buckets, checkpoint.optimizer_meta(self, comm.rank()))
+                                       self._buckets, checkpoint.optimizer_meta(self, hvd.rank()))
 
     def load_gravac_state_dict(self, state: dict) -> None:
         """Load a state from ``gravac_state_dict``; ``ValueError`` (nothing loaded) if it
         does not fit this optimizer (``checkpoint.load_controller_state``)."""
-        meta = checkpoint.optimizer_meta(self, comm.rank())
+        meta = checkpoint.optimizer_meta(self, hvd.rank())
         self._step_index = checkpoint.load_controller_state(state, meta, self.controller)
         checkpoint.load_rank_buffers(state, self._memory, self._interval, self._warm, self._buckets)
 
@@ -533,7 +541,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         gravac = state_dict.pop("gravac", None)
         if isinstance(gravac, dict) and "meta" in gravac:   # check before anything is loaded
-            checkpoint.check_compatible(gravac["meta"], checkpoint.optimizer_meta(self, comm.rank()))
+            checkpoint.check_compatible(gravac["meta"], checkpoint.optimizer_meta(self, hvd.rank()))
             checkpoint.verify_residuals(gravac)
         super(self.__class__, self).load_state_dict(state_dict)
         if gravac is not None:
@@ -563,8 +571,7 @@ def _check_consistency(opt, named, sample_compressor) -> None:
                  "compression": getattr(wire, "__name__", type(wire).__name__),
                  "sparse_as_dense": opt.sparse_as_dense, "nonfinite": opt._encoder.nonfinite_policy,
                  "grad_scaler": opt._grad_scaler is not None, "join_safe": opt._join_safe})
-    everyone = comm.allgather_object(mine, name=f"{opt._prefix}.consistency", timeout=opt._timeout,
-                                     process_set=opt.process_set)
+    everyone = opt.backend.allgather_object(mine, name=f"{opt._prefix}.consistency", timeout=opt._timeout)
     for r, theirs in enumerate(everyone):
         for key in mine:
             if theirs.get(key) != everyone[0].get(key):

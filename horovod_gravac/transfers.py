@@ -4,7 +4,7 @@ Each kind is a small class, built once the bucket's payload is known (``__init__
 prepares the wire tensor and counts its bytes), then
 
     transfer.start(stats)   # submit the collective; ``stats``: the step's StepStats
-                            # vector when this is the carrier bucket (see comm.py)
+                            # vector when this is the carrier bucket (see wire.py)
     transfer.advance()      # move to the last phase (PowerSGD: P done, start Q)
     transfer.finish()       # the bucket's combined flat gradient: float64 for a bucket
                             # of float64 parameters, else float32
@@ -21,8 +21,8 @@ The kinds (``kind`` names them in ``optimizer.stats`` and tests):
 * ``SparseAllgather``: values and indices, every rank's own k (8 bytes per entry;
   12 for float64 values).
 * ``PairExchange``: the same payload between exactly two ranks whose payloads have the
-  same size by construction (exact Top-k, Random-k): one reducescatter that swaps them
-  (``comm.pair_exchange_async`` says why not the allgather).
+  same size by construction (exact Top-k, Random-k): the backend's pair exchange swaps
+  them (Horovod's is a reducescatter; ``HorovodBackend.pair_exchange_async`` says why).
 * ``SharedIndexAllreduce``: the same indices on every rank (shared-seed Random-k):
   only the values, in an allreduce (4 bytes per entry; 8 for float64), plus the step
   index to check that every rank drew the same indices.
@@ -31,7 +31,7 @@ The kinds (``kind`` names them in ``optimizer.stats`` and tests):
 * ``LowRankTransfer``: PowerSGD's two phases (P, then Q) in one object; the warm-start
   Q matrices it updates live in a :class:`WarmStarts` store that saves itself.
 
-Collectives are submitted only through ``comm`` (the one seam with Horovod).
+Collectives are submitted only through the link's backend (``backend.CollectiveBackend``).
 """
 from __future__ import annotations
 
@@ -41,25 +41,30 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from . import comm
+from .backend import CollectiveBackend, ReduceOp
 from .cf import kept_count
-from .compressors.base import SparsePayload
+from .comm import MismatchedShapesError
 from .compressors.powersgd import orthonormalize
-from .wire import N_STATS
+from .selection.payload import SparsePayload
+from .wire import (N_STATS, header_rows, pack, pack_slot, read_header_stats, read_slot_stats, row_words,
+                   rows_dtype, slot_rows, split_stats, unpack_sum, with_stats)
 
 
 @dataclass
 class Link:
-    """What every transfer of one optimizer shares: its process set, the user's ``op``
-    (``average``: it is Horovod's Average), the predivide factor, the world size (it
-    changes in elastic training) and the bound on each wait."""
+    """What every transfer of one optimizer shares: the backend its collectives go through,
+    the user's reduction (``average``: an average, else a sum), the predivide factor, the
+    world size (it changes in elastic training) and the bound on each wait."""
 
-    process_set: object
-    op: object
+    backend: CollectiveBackend
     average: bool
     predivide: float
     world: int
     timeout: float
+
+    @property
+    def op(self) -> ReduceOp:
+        return ReduceOp.AVERAGE if self.average else ReduceOp.SUM
 
     def scale_factors(self) -> Tuple[float, float]:
         """Horovod's pre/postscale for ``gradient_predivide_factor`` (Average only)."""
@@ -99,24 +104,24 @@ class Transfer:
         raise NotImplementedError
 
     def _wait(self, name: Optional[str] = None) -> torch.Tensor:
-        return comm.wait(self.handle, name or self.name, self.link.timeout)
+        return self.link.backend.wait(self.handle, name or self.name, self.link.timeout)
 
     def _allreduce(self, tensor, name, stats, mean: bool = False):
         """An in-place allreduce, or of a copy with ``stats`` appended (in the copy's dtype,
         see ``wire.with_stats``): with the user's ``op`` and predivide factors, or (``mean``)
         the plain average PowerSGD needs."""
         link = self.link
-        op, (pre, post) = (None, (1.0, 1.0)) if mean else (link.op, link.scale_factors())
+        op, (pre, post) = (ReduceOp.AVERAGE, (1.0, 1.0)) if mean else (link.op, link.scale_factors())
         if stats is not None:
-            tensor = comm.with_stats(tensor, stats)
+            tensor = with_stats(tensor, stats)
             self.control_bytes += tensor.element_size() * N_STATS
-        return comm.allreduce_async(tensor, name, op, pre, post, link.process_set)
+        return link.backend.allreduce_async(tensor, name, op, pre, post)
 
     def _split_stats(self, out: torch.Tensor, mean: bool = False) -> torch.Tensor:
         """Strip the statistics an allreduce carried (a sum is averaged here)."""
         if not self.with_stats:
             return out
-        out, stats = comm.split_stats(out, N_STATS)
+        out, stats = split_stats(out, N_STATS)
         self.stats = stats if mean or self.link.average else stats / self.link.world
         return out
 
@@ -156,7 +161,7 @@ class _Sparse(Transfer):
         super().__init__(link, name, numel, device, with_stats)
         self.sent_indices = payload.indices
         self.dtype = torch.float64 if payload.values.dtype == torch.float64 else torch.float32
-        self.row_bytes = 4 * comm.row_words(self.dtype)   # a value and its index
+        self.row_bytes = 4 * row_words(self.dtype)   # a value and its index
 
     def commit(self, memory, key):
         memory.sent_sparse(key, self.sent_indices)
@@ -185,20 +190,20 @@ class SparseAllgather(_Sparse):
 
     def _submit(self, stats):
         if stats is not None:
-            self.control_bytes += self.row_bytes * comm.header_rows(N_STATS)
-        block = comm.pack(self.payload, stats, self.numel)
+            self.control_bytes += self.row_bytes * header_rows(N_STATS)
+        block = pack(self.payload, stats, self.numel)
         self.wire_elements = block.shape[0]
-        return comm.allgather_async(block, self.name, self.link.process_set)
+        return self.link.backend.allgather_async(block, self.name)
 
     def finish(self) -> torch.Tensor:
         return self._combine(self._wait())
 
     def _combine(self, gathered: torch.Tensor) -> torch.Tensor:
         """Every rank's rows (rank order) -> the statistics, and the bucket's aggregate."""
-        comm.rows_dtype(gathered, self.dtype, self.name)   # before any header is read
+        rows_dtype(gathered, self.dtype, self.name)   # before any header is read
         if self.with_stats:
-            self.stats = comm.read_header_stats(gathered, self.link.world, N_STATS)
-        return self._mean(comm.unpack_sum(gathered, self.numel, self.dtype, self.name))
+            self.stats = read_header_stats(gathered, self.link.world, N_STATS)
+        return self._mean(unpack_sum(gathered, self.numel, self.dtype, self.name))
 
 
 class PairExchange(SparseAllgather):
@@ -215,20 +220,21 @@ class PairExchange(SparseAllgather):
 
     def _submit(self, stats):
         if stats is not None:
-            self.control_bytes += self.row_bytes * comm.header_rows(N_STATS)
-        self.block = comm.pack(self.payload, stats, self.numel)
+            self.control_bytes += self.row_bytes * header_rows(N_STATS)
+        self.block = pack(self.payload, stats, self.numel)
         self.wire_elements = self.block.shape[0]
-        return comm.pair_exchange_async(self.block, self.name, self.link.process_set)
+        return self.link.backend.pair_exchange_async(self.block, self.name)
 
     def finish(self) -> torch.Tensor:
+        backend = self.link.backend
         try:
             other = self._wait()
-        except comm.MismatchedShapesError:
+        except MismatchedShapesError:
             self.kind = "sparse"
-            gathered = comm.wait(comm.allgather_async(self.block, self.name + ".ag", self.link.process_set),
-                                 self.name + ".ag", self.link.timeout)
+            gathered = backend.wait(backend.allgather_async(self.block, self.name + ".ag"),
+                                    self.name + ".ag", self.link.timeout)
             return self._combine(gathered)
-        first = comm.group_rank(self.link.process_set) == 0
+        first = backend.rank() == 0
         return self._combine(torch.cat([self.block, other] if first else [other, self.block]))
 
 
@@ -245,23 +251,23 @@ class SlottedSparse(_Sparse):
             payload = SparsePayload(payload.values[:self.cap], payload.indices[:self.cap])
         super().__init__(link, name, payload, numel, device, with_stats)
         self.payload = self._prescaled(payload)
-        self.bytes_sent = self.row_bytes * link.world * comm.slot_rows(self.cap, N_STATS)
+        self.bytes_sent = self.row_bytes * link.world * slot_rows(self.cap, N_STATS)
         self.floats_sent = 2 * payload.values.numel()
 
     def _submit(self, stats):
         if stats is not None:
-            self.control_bytes += self.row_bytes * comm.header_rows(N_STATS)
-        me = comm.group_rank(self.link.process_set)
-        buf = comm.pack_slot(self.payload, stats, self.numel, self.link.world, me, self.cap, N_STATS)
+            self.control_bytes += self.row_bytes * header_rows(N_STATS)
+        backend = self.link.backend
+        buf = pack_slot(self.payload, stats, self.numel, self.link.world, backend.rank(), self.cap, N_STATS)
         self.wire_elements = buf.shape[0]
-        return comm.allreduce_sum_async(buf, self.name, self.link.process_set)
+        return backend.allreduce_async(buf, self.name, ReduceOp.SUM)
 
     def finish(self) -> torch.Tensor:
         out = self._wait()
-        comm.rows_dtype(out, self.dtype, self.name)   # before any header is read
+        rows_dtype(out, self.dtype, self.name)   # before any header is read
         if self.with_stats:
-            self.stats = comm.read_slot_stats(out, self.link.world, self.cap, N_STATS)
-        return self._mean(comm.unpack_sum(out, self.numel, self.dtype, self.name))
+            self.stats = read_slot_stats(out, self.link.world, self.cap, N_STATS)
+        return self._mean(unpack_sum(out, self.numel, self.dtype, self.name))
 
 
 class SharedIndexAllreduce(_Sparse):
@@ -301,7 +307,7 @@ class SharedIndexAllreduce(_Sparse):
         if abs(got - want) > 0.5:
             raise RuntimeError(
                 f"horovod_gravac: ranks disagree on the step index of a shared-seed compressor "
-                f"(rank {comm.rank()} is at step {self.step_index}; the ranks' combined value is "
+                f"(rank {self.link.backend.rank()} is at step {self.step_index}; the ranks' combined value is "
                 f"{got:g}), so they drew different indices. This happens when a rank sat out steps "
                 f"in hvd.join(); pass DistributedOptimizer(..., join_safe=True) for uneven data.")
         return out[:-1]
@@ -384,8 +390,7 @@ class LowRankTransfer(Transfer):
             self.bytes_sent += qbuf.element_size() * qbuf.numel()
             self.wire_elements += qbuf.numel()
             self.floats_sent += qbuf.numel()
-            self.handle = comm.allreduce_async(qbuf, self.name + ".Q", None,
-                                               process_set=self.link.process_set)
+            self.handle = self.link.backend.allreduce_async(qbuf, self.name + ".Q", ReduceOp.AVERAGE)
 
     def finish(self) -> torch.Tensor:
         q_all = self._wait(self.name + ".Q") if self.handle is not None else None

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import horovod_gravac as hg
-from horovod_gravac import comm, compressors
+from horovod_gravac import comm, compressors, horovod_backend
 from horovod_gravac.compressors import PowerSGDCompressor, RandomKCompressor, TopKCompressor
 from horovod_gravac.policy import Geometric
 
@@ -157,7 +157,7 @@ def test_timeout_resolution(hvd1, monkeypatch):
     assert comm.resolve_timeout(2) == 2.0 and comm.resolve_timeout(math.inf) == math.inf
     monkeypatch.setenv(comm.TIMEOUT_ENV, "12.5")
     assert comm.resolve_timeout(None) == 12.5 and comm.resolve_timeout(3) == 3.0   # argument wins
-    assert _opt()._timeout == 12.5 and _opt(timeout_s=3)._timeout == 3.0
+    assert _opt().timeout_s == 12.5 and _opt(timeout_s=3).timeout_s == 3.0
     monkeypatch.setenv(comm.TIMEOUT_ENV, "inf")
     assert comm.resolve_timeout(None) == math.inf
     for bad in ("abc", "0", "-1"):
@@ -168,7 +168,7 @@ def test_timeout_resolution(hvd1, monkeypatch):
 
 # ============================================================ item 4: bounded waits (unit)
 class _NeverDone:
-    """Stands in for ``hvd``: a collective whose peers never arrive."""
+    """Stands in for ``hvd`` in the Horovod backend: a collective whose peers never arrive."""
 
     def __init__(self, done_after=math.inf):
         self.done_after, self.polls, self.start = done_after, 0, time.monotonic()
@@ -187,12 +187,16 @@ class _NeverDone:
         return 2
 
 
+def _backend():
+    return horovod_backend.HorovodBackend(process_set=object())   # (never asked: wait needs no set)
+
+
 def test_wait_raises_a_clear_timeout_naming_the_collective(monkeypatch):
     fake = _NeverDone()
-    monkeypatch.setattr(comm, "hvd", fake)
+    monkeypatch.setattr(horovod_backend, "hvd", fake)
     t0 = time.monotonic()
     with pytest.raises(comm.CollectiveTimeoutError) as info:
-        comm.wait(object(), "gravac.bucket.3", timeout=0.3)
+        _backend().wait(object(), "gravac.bucket.3", timeout=0.3)
     elapsed = time.monotonic() - t0
     assert 0.3 <= elapsed < 1.0
     msg = str(info.value)
@@ -203,13 +207,13 @@ def test_wait_raises_a_clear_timeout_naming_the_collective(monkeypatch):
 
 def test_wait_returns_when_done_and_unbounded_skips_polling(monkeypatch):
     fake = _NeverDone(done_after=0.05)
-    monkeypatch.setattr(comm, "hvd", fake)
+    monkeypatch.setattr(horovod_backend, "hvd", fake)
     t0 = time.monotonic()
-    assert comm.wait(object(), "x", timeout=5.0) == "result"
+    assert _backend().wait(object(), "x", timeout=5.0) == "result"
     assert time.monotonic() - t0 < 0.5       # polls back off to 1 ms at most
     fake = _NeverDone()
-    monkeypatch.setattr(comm, "hvd", fake)
-    assert comm.wait(object(), "x", timeout=math.inf) == "result" and fake.polls == 0
+    monkeypatch.setattr(horovod_backend, "hvd", fake)
+    assert _backend().wait(object(), "x", timeout=math.inf) == "result" and fake.polls == 0
 
 
 # ============================================================ elastic (unit)
@@ -429,9 +433,9 @@ class FakeHorovod:
     def shutdown(self):
         if sys.argv[1] == "blocks":
             time.sleep(600)   # Horovod's shutdown waiting for a frozen peer
-comm.hvd = FakeHorovod()
-comm.arm_exit_guard()
-comm.arm_exit_guard()   # idempotent
+shutdown = FakeHorovod().shutdown
+comm.arm_exit_guard(shutdown)
+comm.arm_exit_guard(shutdown)   # idempotent
 print("armed", flush=True)
 print("unflushed output must survive os._exit", end="")
 """

@@ -272,10 +272,12 @@ def test_overlapped_consensus_matches_synchronous():
 def test_broadcast_object_small_and_large():
     """Rank 0's object arrives intact whether it fits the inline header or needs a
     second broadcast; other ranks' objects are ignored."""
-    from horovod_gravac import comm
-    for i, size in enumerate((0, 10, comm._INLINE_BYTES - 40, comm._INLINE_BYTES + 1, 50_000)):
+    from horovod_gravac.backend import INLINE_OBJECT_BYTES
+    from horovod_gravac.horovod_backend import HorovodBackend
+    backend = HorovodBackend()
+    for i, size in enumerate((0, 10, INLINE_OBJECT_BYTES - 40, INLINE_OBJECT_BYTES + 1, 50_000)):
         mine = {"rank": RANK, "blob": bytes([RANK % 256]) * size}
-        got = comm.broadcast_object(mine, name=f"check.bcast.{i}", timeout=60)
+        got = backend.broadcast_object(mine, name=f"check.bcast.{i}", timeout=60)
         assert got == {"rank": 0, "blob": b"\x00" * size}, (size, got["rank"], len(got["blob"]))
 
 
@@ -319,18 +321,18 @@ def test_ranks_exchange_controller_state_only_at_window_checks():
     state reaches every rank, even when the ranks' step times differ (rank 1 is made
     slower, so its own throughput figures would differ): every step's decision is the
     same everywhere, and after each check every rank holds rank 0's state."""
-    from horovod_gravac import comm
     window = 3
     model = make_model(seed=5)
     ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=window, variant="ladder")
     opt = hg_opt(model, controller=ctrl)
-    exchanges, original = [], comm.broadcast_object
+    backend = opt.backend
+    exchanges, original = [], backend.broadcast_object
 
     def counted(obj, name, *a, **k):
         if name.endswith(".decision"):
             exchanges.append(ctrl.step)
         return original(obj, name, *a, **k)
-    comm.broadcast_object = counted
+    backend.broadcast_object = counted
     decisions, states = [], []
     try:
         def hook(step, o):
@@ -342,7 +344,7 @@ def test_ranks_exchange_controller_state_only_at_window_checks():
                 states.append(ctrl.state_dict())
         train(model, opt, 4 * window, hook=hook)
     finally:
-        comm.broadcast_object = original
+        del backend.broadcast_object   # (the class's method again)
     # One exchange per check (the observed step count is then a multiple of the window).
     assert exchanges == [window * i for i in range(1, 5)], exchanges
     everyone = hvd.allgather_object((decisions, states), name="check.window_consensus")

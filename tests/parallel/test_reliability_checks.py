@@ -12,7 +12,6 @@ import torch
 
 import horovod.torch as hvd
 import horovod_gravac as hg
-from horovod_gravac import comm
 from horovod_gravac.compressors import RandomKCompressor, TopKCompressor, kept_count
 from horovod_gravac.elastic import TorchState
 
@@ -411,7 +410,7 @@ def test_elastic_save_restore():
     assert any(b.handle is not None for b in opt._buckets)
     for b in opt._buckets:        # drain so Horovod is not left with open handles
         if b.handle is not None:
-            comm.wait(b.handle)
+            hvd.synchronize(b.handle)
     state.restore()
     assert state.batch == 5 and torch.equal(flat_params(model), saved_params)
     ctrl_state, step, residuals = _gravac_state(opt)
@@ -473,10 +472,10 @@ def test_elastic_reset_world_size():
     torch.nn.functional.cross_entropy(model(x), y).backward()
     for b in opt._buckets:
         if b.handle is not None:
-            comm.wait(b.handle)
+            hvd.synchronize(b.handle)
     ladder = (ctrl.theta_min, ctrl.candidate_cf)
-    real_size = comm.size
-    comm.size = lambda: SIZE + 3          # what hvd.size() says after the new rendezvous
+    real_size = hvd.size
+    hvd.size = lambda: SIZE + 3           # what hvd.size() says after the new rendezvous
     try:
         state.on_reset()
         assert opt.world_size == SIZE + 3 and ctrl.world_size == SIZE + 3
@@ -486,7 +485,7 @@ def test_elastic_reset_world_size():
         assert all(float(r.abs().max()) == 0.0 for r in opt._memory.residuals.values())
         assert all(b.handle is None for b in opt._buckets)
     finally:
-        comm.size = real_size
+        hvd.size = real_size
     state.on_reset()                      # back to the real world size
     assert opt.world_size == SIZE and abs(ctrl._gain_min.alpha - SIZE / 100) < 1e-12
     state.sync()
