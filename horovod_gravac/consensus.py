@@ -47,6 +47,14 @@ from .wire import StepStats
 CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compression_throughput", "next_cf")
 
 
+def ends_interval(controller: Controller) -> bool:
+    """Whether the step the controller observes next closes its accumulation interval
+    (Accordion's interval, GraVAC "delivered"'s window): its statistics then carry the
+    interval's sums."""
+    interval = controller.accumulation_interval
+    return interval is not None and (controller.step + 1) % interval == 0
+
+
 def observation(step_stats: StepStats, step_time: float, world: int, at_boundary: bool) -> StepObservation:
     """The controller's view of one step, from the rank-averaged statistics."""
     s = step_stats

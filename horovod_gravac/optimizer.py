@@ -64,16 +64,18 @@ import horovod.torch as hvd
 
 from . import checkpoint, comm
 from .accounting import StepRecord
-from .buckets import Bucket, grouped_buckets, make_buckets
+from .buckets import Bucket, BucketSet
 from .compressors.base import FLOAT_DTYPES, GradientCompressor, check_cf
 from .compressors.topk import TopKCompressor
 from .consensus import make_exchange, observe_step, sync_first_step
 from .controllers import Controller, Dense, StaticCF
-from .encoder import BucketEncoder, finite_tensor
-from .error_feedback import ErrorFeedback, IntervalSum
+from .encoder import BucketEncoder, EncoderSettings
+from .error_feedback import ErrorFeedback, IntervalSum, finite_tensor
 from .horovod_backend import HorovodBackend
+from .lowrank import PowerSGDState
+from .pipeline import BucketPipeline
 from .sparse import SparseGradients
-from .transfers import Link, WarmStarts
+from .transfers import Link
 
 # Horovod's ``broadcast_optimizer_state`` calls the *base* optimizer's ``step()`` (to
 # create momentum buffers etc. without any communication) only for optimizers whose
@@ -144,7 +146,7 @@ class _ElasticSupport:
         Accordion's interval sums; PowerSGD's warm starts go back to the seeded Q."""
         self._memory.reset()
         self._interval.reset()
-        self._warm.clear()
+        self._powersgd.clear()
 
     def set_world_size(self, n: int) -> bool:
         """Take ``n`` ranks as the world (after a membership change); GraVAC's EWMA factor
@@ -238,29 +240,27 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         named_all = _named_list(named_parameters)
         self._names = {id(p): n for n, p in named_all}
         floats = _floats(_named_parameters(self.param_groups, named_all if named_parameters is not None else None))
-        self._buckets = make_buckets(floats, self._bucket_cap_bytes) if opts["groups"] is None \
-            else grouped_buckets(floats, opts["groups"], self._bucket_cap_bytes)
-        # The bucket whose collective also carries the step's statistics (adaptive controllers).
-        self._carrier = self._buckets[-1] if self._buckets else None
+        self._buckets = BucketSet(floats, self._bucket_cap_bytes, opts["groups"])
         self._prefix = _collective_prefix()
-        self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._delay = {p: self.backward_passes_per_step for _, p in floats}
-        self._memory = ErrorFeedback(opts["momentum_correction"])   # residuals (and DGC's velocities)
-        self._interval = IntervalSum()   # Accordion's running sum over the interval
+        undoable = self._grad_scaler is not None   # a loss scaler's skipped steps are undone
+        self._memory = ErrorFeedback(opts["momentum_correction"], undoable)   # residuals (and DGC's velocities)
+        # Accordion's running sums over the interval (and GraVAC "delivered"'s of what was sent)
+        self._interval = IntervalSum(controller.needs_accumulation, controller.tracks_delivery, undoable)
         self.local_clip_norm = opts["local_clip_norm"]
-        self._warm = WarmStarts()   # PowerSGD's Q per (parameter, rank)
+        self._powersgd = PowerSGDState(self._memory)   # PowerSGD's warm starts and error feedback
         sample_compressor = _sample_compressor(factory, controller)   # for checks
         self._shared_seed = sample_compressor.step_seeded
         backend = HorovodBackend(self.process_set)
         self._link = Link(backend, self.op == hvd.Average, self.gradient_predivide_factor,
                           backend.size() if self._included else 1, self._timeout)
         self._sparse = SparseGradients(self._link, self._prefix)   # params whose gradients are sparse
-        self._encoder = BucketEncoder(
-            controller=controller, memory=self._memory, interval=self._interval, warm=self._warm,
-            link=self._link, wire=opts["compression"], compressor_factory=factory, prefix=self._prefix,
-            nonfinite=opts["nonfinite"], grad_scaler=self._grad_scaler,
-            local_clip_norm=self.local_clip_norm, join_safe=self._join_safe,
-            fp16_wire=hvd.Compression.fp16, pair_exchange=bool(opts["check_consistency"]))
+        settings = EncoderSettings(opts["compression"], opts["nonfinite"], self.local_clip_norm,
+                                   self._join_safe, pair_exchange=bool(opts["check_consistency"]),
+                                   fp16_wire=hvd.Compression.fp16)
+        self._encoder = BucketEncoder(self._link, settings, controller=controller, memory=self._memory,
+                                      powersgd=self._powersgd, compressor_factory=factory, prefix=self._prefix)
+        self._pipeline = BucketPipeline(self._buckets, self._encoder, self._memory, self._interval, controller)
         if hasattr(controller, "set_world_size"):
             controller.set_world_size(self.world_size)
         self._exchange = make_exchange(controller, self._prefix, self._timeout, backend, self._join_safe,
@@ -301,12 +301,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         index = len(self.param_groups) - 1
         floats = _floats([(self._names.get(id(p), f"param.{index}.{j}"), p)
                           for j, p in enumerate(self.param_groups[-1]["params"])])
-        first = 1 + max((b.index for b in self._buckets), default=-1)
-        new = make_buckets(floats, self._bucket_cap_bytes, first_index=first)
-        self._buckets = new + self._buckets   # launched early; the carrier stays last
-        for b in new:
+        for b in self._buckets.add(floats):
             for p in b.params:
-                self._bucket_of[p] = b
                 self._delay[p] = self.backward_passes_per_step
         if self._included:
             self._register_hooks()
@@ -328,7 +324,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                         self._sparse.add(p, self._detach_sparse(p))
                     self._sparse.launch(p, self._record)
                     return
-                bucket = self._bucket_of[p]
+                bucket = self._buckets.of[p]
                 bucket.ready += 1
                 if bucket.ready >= bucket.expected and bucket.transfer is None:
                     self._launch(bucket)
@@ -361,41 +357,22 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     def _detach_sparse(self, p) -> str:
         """Take ``p`` out of its bucket (its gradient turned out sparse); returns its name."""
-        bucket = self._bucket_of.pop(p)
-        name = bucket.names[[i for i, q in enumerate(bucket.params) if q is p][0]]
-        start, end = bucket.remove(p)
+        bucket, name, start, end = self._buckets.detach(p)
         self._memory.drop(bucket.index, start, end)   # the other parameters keep their residuals
         self._interval.drop(bucket.index)
         bucket.expected = bucket.hooks_to_wait_for(self._hooked)
-        if not bucket.params:
-            self._buckets.remove(bucket)
-            if self._carrier is bucket:
-                self._carrier = self._buckets[-1] if self._buckets else None
-        elif bucket.ready >= bucket.expected and bucket.transfer is None and bucket.ready > 0:
+        if bucket.params and bucket.ready >= bucket.expected and bucket.transfer is None and bucket.ready > 0:
             self._launch(bucket)
         return name
 
     # -- launching a bucket ----------------------------------------------------------------
     def _launch(self, bucket: Bucket) -> None:
-        """Encode the bucket's gradient (``encoder.py``) and start its collective, unless
-        it carries the step's statistics: those are complete only once every bucket is
-        encoded, so the last bucket to launch starts the carrier's."""
+        """Encode the bucket's gradient and start its collective (``pipeline.py``)."""
         if not self._record.open:
             self._begin_step()
         t0 = time.perf_counter()
-        record = self._record
-        # The carrier can change mid-step (a gradient turned out sparse): decided here.
-        with_stats = bucket is self._carrier and self._controller.needs_consensus
-        bucket.transfer = self._encoder.encode(bucket, self._controller.decision, record, scale=self._scale,
-                                               step_index=self._step_index, with_stats=with_stats)
-        if not with_stats:
-            bucket.transfer.start()
-        record.launched += 1
-        carrier = self._carrier
-        if record.launched == len(self._buckets) and carrier is not None and carrier.transfer is not None \
-                and not carrier.transfer.started:
-            carrier.transfer.start(self._encoder.local_stats(record, self._buckets, self._scale).to_tensor())
-        record.compress_time += time.perf_counter() - t0
+        self._pipeline.launch(bucket, self._record, self._scale, self._step_index)
+        self._record.compress_time += time.perf_counter() - t0
 
     # -- synchronize -------------------------------------------------------------------------
     def synchronize(self):
@@ -409,14 +386,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             if bucket.transfer is None:
                 self._launch(bucket)
         t_comm = time.perf_counter()
-        for bucket in self._buckets:   # every first phase is in flight before any later one waits
-            bucket.transfer.advance()
-        aggregates = []
-        for bucket in self._buckets:
-            aggregated = bucket.transfer.finish()   # flat float32 (float64: a float64 bucket)
-            self._record.add_transfer(bucket.transfer)
-            aggregates.append(aggregated)
-            bucket.write_grads(aggregated)
+        aggregates = self._pipeline.finish(self._record)
         for p in self._sparse:
             if p.requires_grad:
                 self._sparse.finish(p, self._record)
@@ -424,12 +394,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         # With a loss scaler, a step that is non-finite anywhere is skipped by every rank:
         # leave every piece of state as if it had not happened.
         skipped = self._grad_scaler is not None and not all(finite_tensor(a) for a in aggregates)
-        owed = self._record.at_boundary and self._controller.tracks_delivery and not skipped
-        for bucket in self._buckets:
-            self._encoder.commit_residual(bucket, self._scale, rollback=skipped)
-            if owed:   # GraVAC "delivered": the next window starts owing the residual
-                self._encoder.open_window(bucket)
-            bucket.reset()
+        self._pipeline.settle(self._record, self._scale, skipped)
         comm_time = time.perf_counter() - t_comm
         self._reset_delays()
         self._finish_step(comm_time, skipped)
@@ -522,7 +487,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         """Controller state, step index and this rank's buffers by parameter name, with
         ``meta`` and checksums (``checkpoint.gravac_state``)."""
         ctrl = self.controller
-        return checkpoint.gravac_state(ctrl, self._step_index, self._memory, self._interval, self._warm,
+        return checkpoint.gravac_state(ctrl, self._step_index, self._memory, self._interval, self._powersgd,
                                        self._buckets, checkpoint.optimizer_meta(self, hvd.rank()))
 
     def load_gravac_state_dict(self, state: dict) -> None:
@@ -530,7 +495,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         does not fit this optimizer (``checkpoint.load_controller_state``)."""
         meta = checkpoint.optimizer_meta(self, hvd.rank())
         self._step_index = checkpoint.load_controller_state(state, meta, self.controller)
-        checkpoint.load_rank_buffers(state, self._memory, self._interval, self._warm, self._buckets)
+        checkpoint.load_rank_buffers(state, self._memory, self._interval, self._powersgd, self._buckets)
 
     def state_dict(self):
         state = super(self.__class__, self).state_dict()
@@ -566,10 +531,10 @@ def _check_consistency(opt, named, sample_compressor) -> None:
             # same buckets, or the collectives of a bucket index carry different tensors.
             "bucket_cap_mb": {"bucket_sizes": [b.numel for b in opt._buckets],
                               "bucket_params": [b.names for b in opt._buckets]}}
-    wire = opt._encoder.wire
+    wire = opt._encoder.settings.wire
     mine.update({"op": int(opt.op), "gradient_predivide_factor": opt.gradient_predivide_factor,
                  "compression": getattr(wire, "__name__", type(wire).__name__),
-                 "sparse_as_dense": opt.sparse_as_dense, "nonfinite": opt._encoder.nonfinite_policy,
+                 "sparse_as_dense": opt.sparse_as_dense, "nonfinite": opt._encoder.settings.nonfinite,
                  "grad_scaler": opt._grad_scaler is not None, "join_safe": opt._join_safe})
     everyone = opt.backend.allgather_object(mine, name=f"{opt._prefix}.consistency", timeout=opt._timeout)
     for r, theirs in enumerate(everyone):

@@ -28,23 +28,20 @@ The kinds (``kind`` names them in ``optimizer.stats`` and tests):
   index to check that every rank drew the same indices.
 * ``SlottedSparse``: ``join_safe``'s sparse wire: every rank's payload in a slot of
   an allreduce, which Horovod's ``join`` allows.
-* ``LowRankTransfer``: PowerSGD's two phases (P, then Q) in one object; the warm-start
-  Q matrices it updates live in a :class:`WarmStarts` store that saves itself.
+* ``LowRankTransfer`` (``lowrank.py``): PowerSGD's two phases (P, then Q) in one object.
 
 Collectives are submitted only through the link's backend (``backend.CollectiveBackend``).
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
 from .backend import CollectiveBackend, ReduceOp
 from .cf import kept_count
 from .comm import MismatchedShapesError
-from .compressors.powersgd import orthonormalize
 from .selection.payload import SparsePayload
 from .wire import (N_STATS, header_rows, pack, pack_slot, read_header_stats, read_slot_stats, row_words,
                    rows_dtype, slot_rows, split_stats, unpack_sum, with_stats)
@@ -311,102 +308,3 @@ class SharedIndexAllreduce(_Sparse):
                 f"{got:g}), so they drew different indices. This happens when a rank sat out steps "
                 f"in hvd.join(); pass DistributedOptimizer(..., join_safe=True) for uneven data.")
         return out[:-1]
-
-
-class WarmStarts:
-    """PowerSGD's Q per (parameter name, rank), warm-starting the next step's power
-    iteration; identical on every rank, saved with the optimizer's state."""
-
-    def __init__(self):
-        self.q: Dict[Tuple[str, int], torch.Tensor] = {}
-
-    def state_dict(self) -> dict:
-        return {f"{n}|{r}": q.clone() for (n, r), q in self.q.items()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.q = {(k.rsplit("|", 1)[0], int(k.rsplit("|", 1)[1])): q.clone() for k, q in state.items()}
-
-    def clear(self) -> None:
-        """Back to the seeded initial Q (elastic reset)."""
-        self.q.clear()
-
-
-class LowRankTransfer(Transfer):
-    """PowerSGD: phase 1 allreduces P = M Q of every matrix (vectors travel as they are)
-    in one collective; ``advance`` orthonormalizes the mean P and starts phase 2, Q = M^T P;
-    ``finish`` rebuilds P Q^T.  With ``update`` (the residual is formed this step) the
-    residual ``g_ef`` keeps what the rank-r sum missed and the warm starts move on.  All
-    of it in ``g_ef``'s dtype (float64 for float64 parameters)."""
-
-    kind = "lowrank"
-
-    def __init__(self, link, name, bucket, g_ef: torch.Tensor, comp, warm: WarmStarts,
-                 update: bool, with_stats: bool):
-        super().__init__(link, name, bucket.numel, bucket.device, with_stats)
-        self.g_ef, self.warm, self.update = g_ef, warm, update
-        parts, self.plan = [], []
-        for pname, p, (s, e) in zip(bucket.names, bucket.params, bucket.offsets):
-            if comp.compressible(p):
-                n, m = p.shape[0], p.numel() // p.shape[0]
-                r = comp.rank_for(n, m)
-                key = (pname, r)
-                q = warm.q.get(key)
-                if q is None:
-                    q = comp.initial_q(m, r, zlib.crc32(pname.encode()), g_ef.device)
-                q = q.to(g_ef.dtype)   # (a float32 Q saved for float64 parameters widens exactly)
-                parts.append((g_ef[s:e].view(n, m) @ q).reshape(-1))
-                self.plan.append((s, e, n, m, r, key))
-            else:
-                parts.append(g_ef[s:e])
-                self.plan.append((s, e, None, None, None, None))
-        self.p_buf = torch.cat(parts)
-        self.bytes_sent = self.p_buf.element_size() * self.p_buf.numel()
-        self.wire_elements = self.p_buf.numel()   # (phase 2 adds Q's)
-        self.floats_sent = self.p_buf.numel()
-        self.aggregated: Optional[torch.Tensor] = None
-        self.p: List[Optional[torch.Tensor]] = []
-
-    def _submit(self, stats):
-        return self._allreduce(self.p_buf, self.name + ".P", stats, mean=True)
-
-    def advance(self) -> None:
-        out = self._split_stats(self._wait(self.name + ".P"), mean=True)
-        aggregated = torch.zeros(self.numel, dtype=self.g_ef.dtype, device=self.device)
-        q_parts, ofs = [], 0
-        for s, e, n, m, r, key in self.plan:
-            if n is None:
-                aggregated[s:e] = out[ofs:ofs + e - s]
-                ofs += e - s
-                self.p.append(None)
-                continue
-            p = orthonormalize(out[ofs:ofs + n * r].view(n, r))
-            ofs += n * r
-            q_parts.append((self.g_ef[s:e].view(n, m).t() @ p).reshape(-1))
-            self.p.append(p)
-        self.aggregated = aggregated
-        self.handle = None
-        if q_parts:
-            qbuf = torch.cat(q_parts)
-            self.bytes_sent += qbuf.element_size() * qbuf.numel()
-            self.wire_elements += qbuf.numel()
-            self.floats_sent += qbuf.numel()
-            self.handle = self.link.backend.allreduce_async(qbuf, self.name + ".Q", ReduceOp.AVERAGE)
-
-    def finish(self) -> torch.Tensor:
-        q_all = self._wait(self.name + ".Q") if self.handle is not None else None
-        aggregated, g_ef, ofs = self.aggregated, self.g_ef, 0
-        for (s, e, n, m, r, key), p in zip(self.plan, self.p):
-            if n is None:
-                if self.update:
-                    g_ef[s:e].zero_()           # sent exactly
-                continue
-            q = q_all[ofs:ofs + m * r].view(m, r)
-            ofs += m * r
-            approx = (p @ q.t()).reshape(-1)
-            aggregated[s:e] = approx
-            if self.update:
-                g_ef[s:e].sub_(approx)          # error feedback: what the rank-r sum missed
-                self.warm.q[key] = q.clone()    # warm start (identical on every rank)
-        if not self.link.average:
-            aggregated.mul_(self.link.world)
-        return aggregated

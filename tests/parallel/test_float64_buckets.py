@@ -393,6 +393,6 @@ def test_ranks_that_disagree_on_a_buckets_dtype_fail_naming_it():
             assert "same parameter dtypes" in str(exc), str(exc)
         else:
             raise AssertionError(f"{kname}/{cname}: ranks with float32 and float64 buckets did not fail")
-        opt._buckets[0].reset()   # (the failed step's transfer; the next optimizer is fresh)
+        opt._buckets.buckets[0].reset()   # (the failed step's transfer; the next optimizer is fresh)
         release(opt)
     hvd.allreduce(torch.zeros(1), name="f64.after.mismatch")   # Horovod still works

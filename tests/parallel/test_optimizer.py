@@ -391,7 +391,7 @@ def test_carried_stats_are_complete_averages():
     first step (allreduce path) and on sparse steps (allgather path)."""
     model = HeadRegisteredFirst()
     opt = hg_opt(model, controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))
-    assert len(opt._buckets) >= 3 and set(opt._carrier.names) == {"head.weight", "head.bias"}, \
+    assert len(opt._buckets) >= 3 and set(opt._buckets.carrier.names) == {"head.weight", "head.bias"}, \
         [b.names for b in opt._buckets]
     finished, launches = [], []
     original, original_launch = opt._finish_step, opt._launch
@@ -399,7 +399,7 @@ def test_carried_stats_are_complete_averages():
     def launch(bucket):
         launches.append(bucket.index)
         original_launch(bucket)
-        if bucket is opt._carrier and len(opt._buckets) > opt._record.launched:
+        if bucket is opt._buckets.carrier and len(opt._buckets) > opt._record.launched:
             assert bucket.handle is None and not bucket.transfer.started, "the carrier started early"
     opt._launch = launch
 
@@ -414,7 +414,7 @@ def test_carried_stats_are_complete_averages():
     train(model, opt, 8, hook=lambda s, o: control.append((o.stats["level"], o.stats["control_bytes"])))
     # 17 header rows of 8 bytes in an allgather, 8 float32 in an allreduce (docs/API_CONTRACT.md)
     assert all(b == (32 if level == "dense" else 136) for level, b in control), control
-    assert launches[0] == opt._carrier.index, f"the carrier was not ready first: {launches}"
+    assert launches[0] == opt._buckets.carrier.index, f"the carrier was not ready first: {launches}"
     levels = {level for _, _, level in finished}
     assert {"dense", "min"} <= levels or {"dense", "candidate"} <= levels, levels
     for step, (local, carried, level) in enumerate(finished):
