@@ -7,7 +7,7 @@ from here); :mod:`horovod_gravac.optimizer` drives the buckets through a step.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch._utils import _unflatten_dense_tensors
@@ -83,6 +83,17 @@ class Bucket:
         return None if self.transfer is None else self.transfer.handle
 
 
+class BucketLayout(NamedTuple):
+    """One bucket as ``optimizer.bucket_layout`` shows it (read-only)."""
+
+    index: int                                  # in collective names and saved states
+    names: Tuple[str, ...]                      # its parameters, in the order of its flat buffer
+    numel: int                                  # entries of its flat buffer
+    dtype: Optional[torch.dtype]                # its parameters' one dtype (None: mixed)
+    value_dtype: torch.dtype                    # of its g_ef, residual and sent values
+    parameter_dtypes: Tuple[torch.dtype, ...]
+
+
 class BucketSet:
     """An optimizer's buckets in launch order: parameter groups added later launch first, and
     the last bucket (the carrier) also carries the step's statistics for the controller."""
@@ -120,6 +131,10 @@ class BucketSet:
             if self.carrier is bucket:
                 self.carrier = self.buckets[-1] if self.buckets else None
         return bucket, name, start, end
+
+    def layout(self) -> Tuple[BucketLayout, ...]:
+        return tuple(BucketLayout(b.index, tuple(b.names), b.numel, b.dtype, b.value_dtype,
+                                  tuple(p.dtype for p in b.params)) for b in self.buckets)
 
 
 def _copy_all(dsts, srcs) -> None:

@@ -62,12 +62,12 @@ import horovod.torch as hvd
 
 from . import checkpoint
 from .accounting import StepRecord
-from .buckets import Bucket, BucketSet
+from .buckets import Bucket, BucketLayout, BucketSet
 from .compressors.base import FLOAT_DTYPES, GradientCompressor
 from .consensus import make_exchange, observe_step, sync_first_step
 from .controllers import Controller, Dense, StaticCF
 from .encoder import BucketEncoder, EncoderSettings
-from .error_feedback import ErrorFeedback, IntervalSum, finite_tensor
+from .error_feedback import ErrorFeedback, IntervalSum, finite_tensor, save_by_name
 from .horovod_backend import HorovodBackend
 from .lowrank import PowerSGDState
 from .options import OptimizerOptions, check_passes, is_gravac_compressor
@@ -209,6 +209,77 @@ class _ElasticSupport:
         return self._options.compressor_factory(cf)
 
 
+class _Inspection:
+    """The optimizer's seams beyond Horovod's API: read-only views of its state (for
+    checkpoints, tools and tests) and ``close()``.  Copied into the wrapper class as
+    ``_ElasticSupport``'s methods are."""
+
+    @property
+    def bucket_layout(self) -> Tuple[BucketLayout, ...]:
+        """The buckets in launch order (the last one carries the step's statistics): index,
+        parameter names, entries and dtypes of each."""
+        return self._buckets.layout()
+
+    def residuals(self) -> Dict[str, torch.Tensor]:
+        """A copy of this rank's error-feedback residual of each parameter, by name (only of
+        buckets that have formed one; in the bucket's ``value_dtype``)."""
+        return save_by_name(self._memory.residuals, self._buckets)
+
+    def residual_bytes(self) -> int:
+        return self._memory.nbytes()
+
+    @property
+    def step_index(self) -> int:
+        """Steps taken (the same on every rank; shared-seed draws and checkpoints use it)."""
+        return self._step_index
+
+    @property
+    def collective_prefix(self) -> str:
+        """What this optimizer's collective names start with (``gravac``, ``gravac1``, ...)."""
+        return self._prefix
+
+    @property
+    def backend(self):
+        """The backend every collective of this optimizer goes through (``HorovodBackend``)."""
+        return self._link.backend
+
+    def in_flight_handles(self) -> list:
+        """The backend's handles of this step's collectives that were started and not yet
+        finished (a step interrupted between backward and ``step()``)."""
+        return [b.handle for b in self._buckets if b.handle is not None] + self._sparse.handles()
+
+    def close(self) -> None:
+        """Remove this optimizer's hooks, so backward passes no longer start its collectives
+        (e.g. when the model goes on under another optimizer).  A step in flight is
+        forgotten, not waited for."""
+        self._hooks.close()
+        self.drop_in_flight()
+
+
+class _GradientHooks:
+    """The optimizer's hooks after gradient accumulation, one per parameter."""
+
+    def __init__(self):
+        self.handles: List[object] = []
+        self.hooked: set = set()   # ids of the parameters that have one
+        self.closed = False
+
+    def add(self, params, make_hook) -> None:
+        """A hook on every parameter of ``params`` that requires a gradient and has none yet."""
+        if self.closed:
+            return
+        for p in params:
+            if p.requires_grad and id(p) not in self.hooked:
+                self.hooked.add(id(p))
+                self.handles.append(_after_grad_accumulated(p, make_hook(p)))
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        self.closed = True
+
+
 class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, options: OptimizerOptions):
         super(self.__class__, self).__init__(params)
@@ -270,8 +341,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._record = StepRecord()  # what this step has done so far
         self._stats: Dict[str, float] = {}
         self._last_collectives: Tuple[tuple, ...] = ()
-        self._hooks: List[object] = []   # hook handles; _hooked: the ids of their parameters
-        self._hooked: set = set()
+        self._hooks = _GradientHooks()
         if self._included:
             self._register_hooks()
 
@@ -279,11 +349,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         """A hook after gradient accumulation (``_after_grad_accumulated``) on every parameter
         that requires a gradient and has none yet; called again at each step's first hook,
         so a layer unfrozen between steps joins in at once."""
-        params = [p for b in self._buckets for p in b.params] + list(self._sparse)
-        for p in params:
-            if p.requires_grad and id(p) not in self._hooked:
-                self._hooked.add(id(p))
-                self._hooks.append(_after_grad_accumulated(p, self._make_hook(p)))
+        self._hooks.add([p for b in self._buckets for p in b.params] + list(self._sparse), self._make_hook)
 
     def add_param_group(self, param_group):
         """As ``torch.optim.Optimizer.add_param_group``; the new parameters get buckets
@@ -346,14 +412,14 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if self._included:
             self._register_hooks()
         for b in self._buckets:
-            b.expected = b.hooks_to_wait_for(self._hooked)
+            b.expected = b.hooks_to_wait_for(self._hooks.hooked)
 
     def _detach_sparse(self, p) -> str:
         """Take ``p`` out of its bucket (its gradient turned out sparse); returns its name."""
         bucket, name, start, end = self._buckets.detach(p)
         self._memory.drop(bucket.index, start, end)   # the other parameters keep their residuals
         self._interval.drop(bucket.index)
-        bucket.expected = bucket.hooks_to_wait_for(self._hooked)
+        bucket.expected = bucket.hooks_to_wait_for(self._hooks.hooked)
         if bucket.params and bucket.ready >= bucket.expected and bucket.transfer is None and bucket.ready > 0:
             self._launch(bucket)
         return name
@@ -406,11 +472,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             self._step_index += 1
         self._step_start = time.perf_counter()
         self._record = StepRecord()
-
-    @property
-    def backend(self):
-        """The backend every collective of this optimizer goes through (``HorovodBackend``)."""
-        return self._link.backend
 
     @property
     def controller(self) -> Controller:
@@ -506,9 +567,6 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._reset_delays()
         self._synchronized = False
         self._should_synchronize = True
-
-    def residual_bytes(self) -> int:
-        return self._memory.nbytes()
 
 
 def _check_consistency(opt, named) -> None:
@@ -697,8 +755,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         controller=controller, bucket_cap_mb=bucket_cap_mb, check_consistency=check_consistency,
         momentum_correction=momentum_correction, local_clip_norm=local_clip_norm, timeout_s=timeout_s,
         nonfinite=nonfinite, grad_scaler=grad_scaler, join_safe=join_safe, defaults=optimizer.defaults)
-    attrs = {k: v for cls in (_ElasticSupport, _GravacDistributedOptimizer) for k, v in cls.__dict__.items()
-             if k not in ("__dict__", "__weakref__")}
+    attrs = {k: v for cls in (_ElasticSupport, _Inspection, _GravacDistributedOptimizer)
+             for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
     attrs["__module__"] = _HOROVOD_OPTIMIZER_MODULE   # see the note at its definition
     attrs["_optimizer_class"] = optimizer.__class__
     # wrapper -> state-creating step -> the user's class: Horovod's super(type(opt), opt).step()

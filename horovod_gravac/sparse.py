@@ -28,6 +28,10 @@ class SparseGradients:
     def in_flight(self) -> bool:
         return any(info["handles"] is not None for info in self._info.values())
 
+    def handles(self) -> list:
+        """The handles of the allgathers started and not yet finished."""
+        return [h for info in self._info.values() if info["handles"] is not None for h in info["handles"]]
+
     def launch(self, p, record: StepRecord) -> None:
         """Start the allgathers of ``p``'s sparse gradient."""
         info = self._info[p]

@@ -405,8 +405,7 @@ def _train(device, compressor, controller, dtype=torch.float32, steps=6):
         torch.nn.functional.cross_entropy(model(x.to(device, dtype)).float(), y.to(device)).backward()
         opt.step()
         cfs.append(opt.stats["cf"])
-    for h in opt._hooks:
-        h.remove()
+    opt.close()
     params = torch.cat([p.detach().float().cpu().reshape(-1) for p in model.parameters()])
     for p in model.parameters():
         assert p.grad.dtype == p.dtype and p.grad.device == p.device

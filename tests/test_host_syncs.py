@@ -497,7 +497,7 @@ def test_syncs_per_optimizer_step_on_accelerators(accelerator_path, monkeypatch)
                 opt.zero_grad()
                 model(x).pow(2).mean().backward()
                 opt.step()
-            counts[label] = (len(opt._buckets), c.total)
+            counts[label] = (len(opt.bucket_layout), c.total)
         buckets = counts["dense"][0]
         assert buckets >= 4, counts
         assert counts["dense"][1] == buckets, counts
@@ -540,7 +540,7 @@ def test_launches_per_optimizer_step_do_not_grow_with_the_parameter_count(accele
                     loss.backward()
                     opt.step()
             if wrap:
-                assert len(opt._buckets) == 1
+                assert len(opt.bucket_layout) == 1
             counts.append(c.launches)
         return counts[1] - counts[0]
     try:

@@ -45,7 +45,7 @@ def fault_run(kind, timeout):
         original = getattr(owner, target)
 
         def late(*a, **k):
-            if opt._step_index == 3:
+            if opt.step_index == 3:
                 _stall()
             return original(*a, **k)
         setattr(owner, target, late)

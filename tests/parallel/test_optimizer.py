@@ -190,7 +190,7 @@ def test_nan_gradient_keeps_ranks_identical():
         if step == 4:
             flagged = hvd.allgather_object(opt.stats["nonfinite_buckets"])
             assert flagged[-1] > 0 and all(f == 0 for f in flagged[:-1]), flagged
-    for b, res in opt._memory.residuals.items():
+    for res in opt.residuals().values():
         assert torch.isfinite(res).all(), "a residual was poisoned by NaN"
     assert opt.controller.gain_min is not None and opt.controller.gain_min == opt.controller.gain_min
     assert torch.isfinite(flat_params(model)).all()
@@ -259,7 +259,7 @@ def test_two_optimizers_in_flight():
     a, b = make_model(1), make_model(2)
     oa = hg_opt(a, controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))
     ob = hg_opt(b, controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))
-    assert oa._prefix != ob._prefix, (oa._prefix, ob._prefix)
+    assert oa.collective_prefix != ob.collective_prefix, (oa.collective_prefix, ob.collective_prefix)
     for step in range(10):
         for model, opt in ((a, oa), (b, ob)):
             x, y = batch(step)
@@ -362,15 +362,17 @@ def test_carried_stats_are_complete_averages():
     first step (allreduce path) and on sparse steps (allgather path)."""
     model = HeadRegisteredFirst()
     opt = hg_opt(model, controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))
-    assert len(opt._buckets) >= 3 and set(opt._buckets.carrier.names) == {"head.weight", "head.bias"}, \
-        [b.names for b in opt._buckets]
+    layout = opt.bucket_layout
+    carrier = layout[-1]   # (the last bucket carries the statistics)
+    assert len(layout) >= 3 and set(carrier.names) == {"head.weight", "head.bias"}, [b.names for b in layout]
     finished, launches = [], []
+    # (white-box: the step's own record holds this rank's norms before they are averaged)
     original, original_launch = opt._finish_step, opt._launch
 
     def launch(bucket):
         launches.append(bucket.index)
         original_launch(bucket)
-        if bucket is opt._buckets.carrier and len(opt._buckets) > opt._record.launched:
+        if bucket.index == carrier.index and len(layout) > opt._record.launched:
             assert bucket.handle is None and not bucket.transfer.started, "the carrier started early"
     opt._launch = launch
 
@@ -378,14 +380,14 @@ def test_carried_stats_are_complete_averages():
         record = opt._record
         n = record.norms
         finished.append(([float(n[0]), float(n[1]), float(n[2]), record.grad_sq], record.step_stats.to_list(),
-                         opt._controller.decision.level))
+                         opt.controller.decision.level))
         return original(comm_time, skipped)
     opt._finish_step = finish
     control = []
     train(model, opt, 8, hook=lambda s, o: control.append((o.stats["level"], o.stats["control_bytes"])))
     # 17 header rows of 8 bytes in an allgather, 8 float32 in an allreduce (docs/API_CONTRACT.md)
     assert all(b == (32 if level == "dense" else 136) for level, b in control), control
-    assert launches[0] == opt._buckets.carrier.index, f"the carrier was not ready first: {launches}"
+    assert launches[0] == carrier.index, f"the carrier was not ready first: {launches}"
     levels = {level for _, _, level in finished}
     assert {"dense", "min"} <= levels or {"dense", "candidate"} <= levels, levels
     for step, (local, carried, level) in enumerate(finished):
@@ -400,8 +402,8 @@ def test_carried_stats_are_complete_averages():
     release(opt)
 
 
-def _bucket_flat(opt, tensors_by_param):
-    return torch.cat([torch.cat([tensors_by_param[p].reshape(-1) for p in b.params]) for b in opt._buckets])
+def _bucket_flat(opt, tensors_by_name):
+    return torch.cat([tensors_by_name[n].reshape(-1) for b in opt.bucket_layout for n in b.names])
 
 
 def test_delivered_window_gain_is_cos2_of_the_window_sums():
@@ -414,11 +416,12 @@ def test_delivered_window_gain_is_cos2_of_the_window_sums():
     model = make_model(seed=3)
     ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=window, variant="delivered")
     opt = hg_opt(model, controller=ctrl)
-    params = [p for b in opt._buckets for p in b.params]
+    params = dict(model.named_parameters())
 
     def residual():
-        return torch.cat([opt._memory.residuals[b.index].clone() if b.index in opt._memory.residuals
-                          else torch.zeros(b.numel) for b in opt._buckets])
+        saved = opt.residuals()
+        return torch.cat([saved[n] if n in saved else torch.zeros(params[n].numel())
+                          for b in opt.bucket_layout for n in b.names])
 
     G, checked = None, []
     for step in range(3 * window):
@@ -427,7 +430,7 @@ def test_delivered_window_gain_is_cos2_of_the_window_sums():
         x, y = batch(step)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        G += _bucket_flat(opt, {p: p.grad.detach().clone() for p in params})   # raw local gradients
+        G += _bucket_flat(opt, {n: p.grad.detach().clone() for n, p in params.items()})   # raw local gradients
         sent_cf = ctrl.decision.send_cf
         opt.step()
         if (step + 1) % window == 0:
