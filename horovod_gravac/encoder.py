@@ -4,8 +4,8 @@ Per bucket and step (the numbered steps of ``optimizer.py``'s docstring): local
 clipping, error feedback, the NaN/Inf policy, multi-level compression
 (g_min = C(g_ef, theta_min), g_c = C(g_min, theta_s)) and this rank's squared norms
 for the controller; once the step's collectives are done, residual = g_ef - sent.
-The optimizer decides when a bucket launches and starts the transfer; the encoder
-never submits a collective itself.  What the encoder measured and sent comes back with
+Its caller (``pipeline.BucketPipeline``) decides when a bucket launches and starts the
+transfer; the encoder never submits a collective itself.  What the encoder measured and sent comes back with
 the transfer (:class:`Encoded`), for the objects that keep sums of it (``IntervalSum``).
 
 A bucket's g_ef, residual and sent values are in its ``value_dtype``: float64 for
