@@ -56,6 +56,20 @@ class Bucket:
         self.update_residual = False    # the residual was formed this step
         self.parked: List[Tuple[int, int, torch.Tensor]] = []   # frozen params' residual slices
 
+    def gradients(self) -> List[Optional[torch.Tensor]]:
+        """This step's gradient of each parameter (what error feedback takes in); None for a
+        frozen one (``requires_grad`` False: it takes no part, its residual waits).  A
+        backend whose gradients arrive elsewhere (DDP's flat bucket) overrides it."""
+        grads = []
+        for p in self.params:
+            if not p.requires_grad:
+                grads.append(None)
+                continue
+            if p.grad is None:   # unused this step here, maybe used on another rank
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad.to_dense() if p.grad.is_sparse else p.grad)
+        return grads
+
     def hooks_to_wait_for(self, hooked: set) -> int:
         """Hooks that fire for the bucket this step: its parameters that need a gradient
         and have a hook (a parameter unfrozen since the last step has none yet)."""

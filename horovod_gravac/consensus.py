@@ -223,3 +223,23 @@ def observe_step(exchange, controller: Controller, step_stats, step_time: float,
                        observe=observed, stats=stats)
     elif not skipped:
         controller.observe(StepObservation(0.0, 0.0, 0.0, step_time))
+
+
+def check_agreement(backend: CollectiveBackend, mine: dict, name: str, timeout: float, hints=None) -> None:
+    """The start-up check of every backend: each rank's settings ``mine`` (the same keys on
+    every rank) are gathered (one object allgather) and compared with rank 0's; any difference
+    raises ``ValueError`` on every rank alike, naming the first rank and key that differ
+    (``hints``: a sentence to add for a key)."""
+    everyone = backend.allgather_object(mine, name=name, timeout=timeout)
+    for r, theirs in enumerate(everyone):
+        for key in mine:
+            if theirs.get(key) != everyone[0].get(key):
+                raise ValueError(
+                    f"horovod_gravac: rank {r} differs from rank 0 in '{key}': "
+                    f"{_short(theirs.get(key))} vs {_short(everyone[0].get(key))}. All ranks must "
+                    f"use the same model, compressor and controller settings.{(hints or {}).get(key, '')}")
+
+
+def _short(x, limit=300):
+    s = repr(x)
+    return s if len(s) <= limit else s[:limit] + "..."

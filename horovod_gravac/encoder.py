@@ -87,7 +87,7 @@ class BucketEncoder:
                with_stats: bool) -> Encoded:
         """Error feedback and compression of ``bucket``'s gradient; the transfer that
         sends it (``with_stats``: it also carries the step's statistics)."""
-        grads = _bucket_grads(bucket)
+        grads = bucket.gradients()
         grad_sq = _squared_norm([g for g in grads if g is not None], bucket.value_dtype)   # NaN/Inf if not sendable
         finite = math.isfinite(grad_sq)
         clip = self.settings.local_clip_norm
@@ -209,20 +209,6 @@ class BucketEncoder:
         buf = self.memory.residuals[key]
         for s, e, saved in bucket.parked:
             buf[s:e].copy_(saved)
-
-
-def _bucket_grads(bucket) -> List[Optional[torch.Tensor]]:
-    """This step's gradient of each parameter of the bucket; None for a frozen one
-    (``requires_grad`` False: it takes no part, its residual waits)."""
-    grads = []
-    for p in bucket.params:
-        if not p.requires_grad:
-            grads.append(None)
-            continue
-        if p.grad is None:   # unused this step here, maybe used on another rank
-            p.grad = torch.zeros_like(p)
-        grads.append(p.grad.to_dense() if p.grad.is_sparse else p.grad)
-    return grads
 
 
 def _park_frozen(bucket, g_ef) -> None:

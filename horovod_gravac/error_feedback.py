@@ -198,6 +198,12 @@ class ErrorFeedback:
         for buf in list(self.residuals.values()) + list(self.velocities.values()):
             buf.zero_()
 
+    def forget(self, key: int) -> None:
+        """Bucket ``key`` is gone (its parameters were re-bucketed; the new buckets load their
+        slices by name first): drop its residual, velocity and snapshot."""
+        for table in (self.residuals, self.velocities, self._snapshots):
+            table.pop(key, None)
+
     def drop(self, key: int, start: int, end: int) -> None:
         """Entries ``[start, end)`` of bucket ``key`` left it (a gradient that turned out
         sparse): keep the other entries' residual; the velocity starts again."""

@@ -64,7 +64,7 @@ from . import checkpoint
 from .accounting import StepRecord
 from .buckets import Bucket, BucketLayout, BucketSet
 from .compressors.base import FLOAT_DTYPES, GradientCompressor
-from .consensus import make_exchange, observe_step, sync_first_step
+from .consensus import check_agreement, make_exchange, observe_step, sync_first_step
 from .controllers import Controller, Dense, StaticCF
 from .encoder import BucketEncoder, EncoderSettings
 from .error_feedback import ErrorFeedback, IntervalSum, finite_tensor, save_by_name
@@ -587,18 +587,9 @@ def _check_consistency(opt, named) -> None:
             "compression": getattr(wire, "__name__", type(wire).__name__),
             "sparse_as_dense": opt.sparse_as_dense, "nonfinite": options.nonfinite,
             "grad_scaler": opt._grad_scaler is not None, "join_safe": opt._join_safe}
-    everyone = opt.backend.allgather_object(mine, name=f"{opt._prefix}.consistency", timeout=opt._timeout)
-    for r, theirs in enumerate(everyone):
-        for key in mine:
-            if theirs.get(key) != everyone[0].get(key):
-                hint = {"collective_prefix": " Every rank must build its DistributedOptimizers "
-                                             "in the same order.",
-                        "bucket_cap_mb": " The bucket layout differs: every rank must pass the "
-                                         "same bucket_cap_mb (and groups)."}.get(key, "")
-                raise ValueError(
-                    f"horovod_gravac: rank {r} differs from rank 0 in '{key}': "
-                    f"{_short(theirs.get(key))} vs {_short(everyone[0].get(key))}. All ranks must "
-                    f"use the same model, compressor and controller settings.{hint}")
+    check_agreement(opt.backend, mine, f"{opt._prefix}.consistency", opt._timeout, hints={
+        "collective_prefix": " Every rank must build its DistributedOptimizers in the same order.",
+        "bucket_cap_mb": " The bucket layout differs: every rank must pass the same bucket_cap_mb (and groups)."})
 
 
 _optimizers_built = itertools.count()
@@ -608,11 +599,6 @@ def _collective_prefix() -> str:
     """``gravac`` for a process's first optimizer, ``gravac1``, ``gravac2``... after it."""
     n = next(_optimizers_built)
     return "gravac" if n == 0 else f"gravac{n}"
-
-
-def _short(x, limit=300):
-    s = repr(x)
-    return s if len(s) <= limit else s[:limit] + "..."
 
 
 def _floats(named):
