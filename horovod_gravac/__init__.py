@@ -25,13 +25,16 @@ def __getattr__(name):
     if name == "DistributedOptimizer":
         from .optimizer import DistributedOptimizer
         return DistributedOptimizer
+    if name == "ddp":   # the DDP comm hook (torch.distributed; no Horovod)
+        import importlib
+        return importlib.import_module(".ddp", __name__)
     if name in _COMPRESSORS:
         import importlib
         return getattr(importlib.import_module(".compressors", __name__), name)
     raise AttributeError(f"module 'horovod_gravac' has no attribute {name!r}")
 
 
-__all__ = ["DistributedOptimizer", "TopKCompressor", "PowerSGDCompressor", "DGCCompressor",
+__all__ = ["DistributedOptimizer", "ddp", "TopKCompressor", "PowerSGDCompressor", "DGCCompressor",
            "RedSyncCompressor", "SIDCoCompressor", "RandomKCompressor", "SparseCompressor",
            "SparsePayload", "SparseContext", "Dense", "StaticCF", "GraVAC", "Accordion",
            "Controller", "Decision", "StepObservation", "Exponential", "Geometric"]
