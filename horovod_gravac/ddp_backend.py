@@ -29,6 +29,8 @@ from .backend import CollectiveBackend, ReduceOp
 from .comm import arm_exit_guard, bounded_wait
 
 _HALF = (torch.float16, torch.bfloat16)
+# One allgather into one tensor: all_gather_single since torch 2.13 (which deprecates the old name).
+_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class _Handle:
@@ -76,7 +78,7 @@ class DDPBackend(CollectiveBackend):
         n = self.size()
         rows = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
         counts = torch.empty(n, dtype=torch.int64, device=tensor.device)
-        self.wait(_Handle(dist.all_gather_into_tensor(counts, rows, group=self.group, async_op=True),
+        self.wait(_Handle(_gather_into(counts, rows, group=self.group, async_op=True),
                           lambda: counts), name + ".rows", self.timeout)
         counts = counts.tolist()
         longest = max(counts)
@@ -86,7 +88,7 @@ class DDPBackend(CollectiveBackend):
             padded = torch.zeros((longest,) + tail, dtype=tensor.dtype, device=tensor.device)
             padded[:tensor.shape[0]] = tensor
         out = torch.empty((n * longest,) + tail, dtype=tensor.dtype, device=tensor.device)
-        work = dist.all_gather_into_tensor(out, padded.contiguous(), group=self.group, async_op=True)
+        work = _gather_into(out, padded.contiguous(), group=self.group, async_op=True)
 
         def result():
             if all(c == longest for c in counts):
@@ -100,7 +102,7 @@ class DDPBackend(CollectiveBackend):
         the start-up check compared the ranks' compressors.)"""
         rows = block.shape[0]
         out = torch.empty((2 * rows,) + tuple(block.shape[1:]), dtype=block.dtype, device=block.device)
-        work = dist.all_gather_into_tensor(out, block.contiguous(), group=self.group, async_op=True)
+        work = _gather_into(out, block.contiguous(), group=self.group, async_op=True)
         other = 1 - self.rank()
         return _Handle(work, lambda: out[other * rows:(other + 1) * rows])
 

@@ -64,7 +64,8 @@ PYTEST_ARGS = ["-m", "pytest", "-vv", "--tb=short", "-ra", "--color=no", "-p", "
                "-p", "no:randomly", "-p", "no:hypothesispytest"]
 # horovodrun's prefix of each line: "[0]<stdout>:" (Gloo), "[1,0]<stdout>:" (Open MPI, where
 # the next rank's prefix may follow on the same line)
-_PREFIX = re.compile(r"\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
+# (torchrun --tee 3: "[default0]:")
+_PREFIX = re.compile(r"\[(?:\d+,)?(\d+)\]<std(?:out|err)>:|\[default(\d+)\]:")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _COUNTS = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)\b")
 _SUMMARY = re.compile(r"^=* ?(?:\d+ \w+(?:, )?)+.* in [\d.]+s")   # "=== 2 passed, 1 deselected in 3.1s ==="
@@ -80,9 +81,9 @@ def pytest_argv(*tests) -> List[str]:
 def rank_lines(out: str) -> Iterator[Tuple[int, str]]:
     """(rank, text) for every line a rank printed under horovodrun."""
     for line in out.splitlines():
-        parts = _PREFIX.split(_ANSI.sub("", line))   # [before, rank, text, rank, text, ...]
-        for rank, text in zip(parts[1::2], parts[2::2]):
-            yield int(rank), text.rsplit("\r", 1)[-1]
+        parts = _PREFIX.split(_ANSI.sub("", line))   # [before, rank, torchrun's rank, text, ...]
+        for hvd_rank, torch_rank, text in zip(parts[1::3], parts[2::3], parts[3::3]):
+            yield int(hvd_rank if hvd_rank is not None else torch_rank), text.rsplit("\r", 1)[-1]
 
 
 def rank_summaries(out: str) -> Dict[int, Dict[str, int]]:
@@ -107,6 +108,16 @@ def _running(out: str) -> Dict[int, str]:
         if _NODE.match(text):
             last[rank] = None if re.search(r" (PASSED|FAILED|ERROR|SKIPPED)\b", text) else text.strip()
     return {r: t for r, t in last.items() if t}
+
+
+def torchrun_cmd(np_: int) -> List[str]:
+    """``torchrun --nproc_per_node N --tee 3`` on one machine (a free port each launch; every
+    line prefixed by its rank), for the DDP tests; skips when torchrun is not installed."""
+    cand = Path(sys.executable).parent / "torchrun"
+    run = str(cand) if cand.exists() else shutil.which("torchrun")
+    if run is None:
+        pytest.skip("torchrun is not installed")
+    return [run, "--standalone", "--nproc_per_node", str(np_), "--tee", "3", "--no-python"]
 
 
 def launch_parallel_tests(np_: int, *tests, timeout: float, env: Optional[dict] = None,

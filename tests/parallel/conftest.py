@@ -1,6 +1,8 @@
-"""Multi-rank tests: plain pytest files that every rank runs, under horovodrun.
+"""Multi-rank tests: plain pytest files that every rank runs, under horovodrun (or, for the
+DDP hook's ``test_ddp_*.py``, under torchrun).
 
     horovodrun -np 2 -H localhost:2 --gloo python -m pytest tests/parallel/test_optimizer.py
+    torchrun --nproc_per_node 2 --tee 3 -m pytest tests/parallel/test_ddp_hook.py
 
 The normal test run does not collect this folder (``collect_ignore`` in tests/conftest.py);
 the tests in tests/test_*.py launch these files with ``launcher.run_parallel_tests``, under a
@@ -31,6 +33,10 @@ import horovod.torch as hvd
 # What horovodrun sets for each rank: Gloo (and elastic), Open MPI, other MPIs.
 RANK_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 UNDER_HOROVODRUN = any(v in os.environ for v in RANK_ENV)
+# torchrun (the DDP tests): torch.distributed is initialised by the test module, and the
+# ranks agree on outcomes through it instead of Horovod.
+UNDER_TORCHRUN = "TORCHELASTIC_RUN_ID" in os.environ and not UNDER_HOROVODRUN
+UNDER_LAUNCHER = UNDER_HOROVODRUN or UNDER_TORCHRUN
 ELASTIC = os.environ.get("HOROVOD_ELASTIC") == "1"
 _config = None   # set by pytest_configure, for the hooks that are not given it
 # tests/test_horovod_compat.py runs some files again on torch 2.0's hook path (gradient
@@ -48,20 +54,41 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    rank = next((os.environ[v] for v in RANK_ENV if v in os.environ), None)
+    rank = next((os.environ[v] for v in RANK_ENV + ("RANK",) if v in os.environ), None)
     origin = importlib.util.find_spec("horovod_gravac").origin
-    where = f"rank {rank}" if rank is not None else "not under horovodrun: every test is skipped"
+    where = f"rank {rank}" if rank is not None else "not under horovodrun or torchrun: every test is skipped"
     hooks = "; torch 2.0's hook path" if os.environ.get("HOROVOD_GRAVAC_TEST_NODE_HOOKS") == "1" else ""
     return f"horovod_gravac from {os.path.dirname(origin)}; {where}{hooks}"
 
 
 def _size():
+    if UNDER_TORCHRUN:
+        return int(os.environ["WORLD_SIZE"])
     return hvd.size() if hvd.is_initialized() else None
 
 
+def _dist():
+    """torch.distributed when it carries the agreement (under torchrun, once initialised)."""
+    import torch.distributed as dist
+    return dist if UNDER_TORCHRUN and dist.is_available() and dist.is_initialized() else None
+
+
+def _rank():
+    return _dist().get_rank() if UNDER_TORCHRUN else hvd.rank()
+
+
+def _gather_outcome(ok: int, name: str) -> list:
+    dist = _dist()
+    if dist is None:
+        return hvd.allgather(torch.tensor([ok], dtype=torch.int32), name=name).tolist()
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, ok)
+    return out
+
+
 def pytest_collection_modifyitems(config, items):
-    if not UNDER_HOROVODRUN:
-        skip = pytest.mark.skip(reason="a multi-rank test: run it under horovodrun "
+    if not UNDER_LAUNCHER:
+        skip = pytest.mark.skip(reason="a multi-rank test: run it under horovodrun or torchrun "
                                        "(see tests/parallel/conftest.py)")
         for item in items:
             item.add_marker(skip)
@@ -90,6 +117,8 @@ def _terminal():
 
 
 def _agreeing():
+    if UNDER_TORCHRUN:
+        return _dist() is not None and _dist().get_world_size() > 1
     return UNDER_HOROVODRUN and hvd.is_initialized() and hvd.size() > 1
 
 
@@ -103,26 +132,25 @@ def pytest_runtest_makereport(item, call):
     if report.failed:
         tr = _terminal()
         if tr is not None:
-            tr.write_line(f"\nFAILED on rank {hvd.rank()}: {item.nodeid}\n{report.longreprtext}\n")
+            tr.write_line(f"\nFAILED on rank {_rank()}: {item.nodeid}\n{report.longreprtext}\n")
     try:
-        outcomes = hvd.allgather(torch.tensor([0 if report.failed else 1], dtype=torch.int32),
-                                 name=f"pytest.outcome.{item.nodeid}")
+        outcomes = _gather_outcome(0 if report.failed else 1, f"pytest.outcome.{item.nodeid}")
     except Exception as exc:   # Horovod itself is broken: nothing after this can run
         item.session.shouldstop = f"the ranks could not agree on {item.nodeid}: {exc}"
         if not report.failed:
             report.outcome = "failed"
             report.longrepr = f"the ranks could not agree on the outcome: {type(exc).__name__}: {exc}"
         return report
-    failed = [r for r, ok in enumerate(outcomes.tolist()) if not ok]
+    failed = [r for r, ok in enumerate(outcomes) if not ok]
     if failed and not report.failed:
         report.outcome = "failed"
-        report.longrepr = f"failed on rank(s) {failed} (passed on rank {hvd.rank()}): see their output"
+        report.longrepr = f"failed on rank(s) {failed} (passed on rank {_rank()}): see their output"
     return report
 
 
 def pytest_unconfigure(config):
     if _agreeing() and not ELASTIC:   # (elastic workers come and go; they end on their own)
         try:
-            hvd.barrier()
+            _dist().barrier() if UNDER_TORCHRUN else hvd.barrier()
         except Exception as exc:   # already reported by the test that broke Horovod
             print(f"final barrier: {type(exc).__name__}: {exc}", flush=True)
