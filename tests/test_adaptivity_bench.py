@@ -232,28 +232,3 @@ def test_ladder_configurations_name_their_split_rungs():
             assert ctrl.split_rungs is name.endswith("-split"), name
             seen += name.endswith("-split")
     assert seen >= 1
-
-
-def test_adaptivity_early_counts_the_cfs_sent_and_the_early_seconds(tmp_path, capsys):
-    """benchmarks/adaptivity_early.py on a written run: steps per CF, median periods and the
-    seconds of the first N steps, timed as the TTA times them; a missing run is named and makes
-    the status 1."""
-    import json
-    from benchmarks import adaptivity_early as E
-    run = tmp_path / "seed" / "runs" / "cnn1d-digits" / "100mbit" / "ladder"
-    run.mkdir(parents=True)
-    times = {1.0: 0.5, 10.0: 0.2}
-    with open(run / "steps.jsonl", "w") as f:
-        for i, cf in enumerate([1.0, 10.0, 1.0, 10.0, 10.0, 10.0]):
-            f.write(json.dumps({"step": i + 1, "cf": cf, "step_time": times[cf], "iter_time": 0.3}) + "\n")
-    (run / "summary.json").write_text("{}")
-    (run / "eval.jsonl").write_text(json.dumps({"step": 4, "accuracy": 0.9}) + "\n")
-    # The first step and the step after an evaluation count their iteration time, as in the TTA.
-    assert E.summarise(A.load_run(str(run)), 3) == \
-        "first 3:    1.0 s | all 6:    1.7 s | 1x 2 (400 ms), 10x 4 (200 ms)"
-    args = ["--dirs", str(tmp_path / "seed"), "--labels", "42", "--workloads", "cnn1d-digits",
-            "--rates", "100mbit", "--steps", "3"]
-    assert E.main(args + ["--configs", "ladder"]) == 0
-    assert "seed  42 ladder: first 3:    1.0 s" in capsys.readouterr().out
-    assert E.main(args + ["--configs", "ladder,other"]) == 1
-    assert "other: no finished run in" in capsys.readouterr().out

@@ -249,13 +249,12 @@ def test_gravac_defaults_to_the_ladder_and_keeps_algorithm_1_as_paper():
 
 
 def test_the_paper_reproductions_pin_algorithm_1():
-    """The demo, the end-to-end benchmark, the ε 0.9 run and the launch scripts reproduce the
-    paper's GraVAC (and their committed results ran it): they ask for variant paper."""
-    from benchmarks import end_to_end, gravac_eps09
+    """The demo, the end-to-end benchmark and the launch scripts reproduce the paper's GraVAC
+    (and their committed results ran it): they ask for variant paper."""
+    from benchmarks import end_to_end
     from horovod_gravac.harness import demo
     gravac_runs = [flags for _, _, flags in demo.RUNS if "gravac" in flags]
     gravac_runs += [flags for _, _, flags in end_to_end.CONFIGS.values() if "gravac" in flags]
-    gravac_runs += [flags for _, flags in gravac_eps09.RUNS if "gravac" in flags]
     assert len(gravac_runs) >= 9
     for flags in gravac_runs:
         assert flags[flags.index("--variant") + 1] == "paper", flags

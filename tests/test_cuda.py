@@ -1,7 +1,7 @@
 """Every CUDA branch, on a real GPU.  Marked ``cuda``: skipped where
 ``torch.cuda.is_available()`` is False (tests/conftest.py), so CI without a GPU passes.
 
-Run on an NVIDIA H200 (56 passed; benchmarks/results/gpu_h200/pytest_cuda.txt).  Run them with
+The latest run's output: benchmarks/results/gpu/pytest_cuda.txt.  Run them with
 ``bash scripts/gpu_check.sh`` (or ``pytest -m cuda tests/test_cuda.py``) on a GPU machine; all
 but the optimizer's run without Horovod.
 

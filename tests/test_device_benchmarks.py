@@ -1,41 +1,5 @@
-"""benchmarks/device_primitives.py and benchmarks/sweep_compare.py on the CPU: they run, print
-every row, and the comparison reads the committed H100 sweeps back into the figures quoted."""
-import os
-
-import torch
-
-from benchmarks import device_primitives, sweep_compare
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CALL20 = os.path.join(ROOT, "benchmarks", "results", "gpu_h100", "call20_1ded337")
-
-
-def test_device_primitives_prints_each_primitive_and_a_per_operation_trace(capsys):
-    assert device_primitives.main(["--sizes", "65536", "--repeats", "2", "--trace", "sidco-exp:100:65536"]) == 0
-    out = capsys.readouterr().out
-    for label in ("nonzero (", "nonzero_static (size", "sort", "copy 32768 values to the host"):
-        assert label in out or (label == "nonzero_static (size" and not hasattr(torch, "nonzero_static")), label
-    trace = out[out.index("## sidco-exp CF 100"):]
-    ops = [ln.split() for ln in trace.splitlines()[1:] if ln.startswith("  ") and not ln.strip().startswith("by")]
-    assert ops and all(float(row[-1]) >= 0 for row in ops)
-    assert "by operation:" in trace
-
-
-def test_device_primitives_traces_compress_further_when_given_a_factor(capsys):
-    assert device_primitives.main(["--sizes", "", "--repeats", "2", "--trace", "dgc:10:65536:4"]) == 0
-    out = capsys.readouterr().out
-    assert "## dgc CF 10, 65,536 entries on cpu, compress_further x4 of its payload: one call" in out
-
-
-def test_sweep_compare_reads_the_committed_h100_sweeps(capsys):
-    new = ",".join(os.path.join(CALL20, f"sweep_new_{i}.csv") for i in (1, 2))
-    old = ",".join(os.path.join(CALL20, f"sweep_old_{i}.csv") for i in (1, 2))
-    assert sweep_compare.main(["--new", new, "--old", old]) == 0
-    out = capsys.readouterr().out
-    assert out == open(os.path.join(CALL20, "compare.txt")).read()
-    by_cf = out[out.index("# by CF"):]
-    redsync = next(ln for ln in by_cf.splitlines() if ln.strip().startswith("redsync"))
-    assert "1M-6.5M CF 100: 0.88-1.10 | 1.27-1.63" in redsync
+"""benchmarks/sparse_buckets.py and benchmarks/quality_ladder.py on the CPU: they run and print
+every row, within their targets."""
 
 
 def test_sparse_buckets_benchmark_prints_every_compressor_without_fallbacks(capsys):

@@ -388,33 +388,38 @@ def test_sidco_device_fits_must_be_host_or_device():
         SIDCoCompressor(10, device_fits="gpu")
 
 
-def test_sidco_device_fits_benchmark_runs_and_restores_the_kernels(capsys):
-    from benchmarks import sidco_device_fits
-    before = kernels._chunked, kernels.host_path
-    assert sidco_device_fits.main(["--sizes", "70000", "--cfs", "10,1000", "--repeats", "1"]) == 0
-    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("70,000")]
-    assert len(rows) == 6   # 3 distributions x 2 CFs
-    for row in rows:
-        ops_device, ops_host = int(row[3]), int(row[4])
-        assert ops_host < ops_device and 0.8 <= float(row[-1]) <= 1.25, row
-    assert (kernels._chunked, kernels.host_path) == before
+class OpCounter(TorchDispatchMode):
+    """Every aten operation dispatched (on a GPU: a kernel launch, or a view)."""
 
-def test_sidco_device_sample_benchmark_compares_both_settings_and_restores_them(capsys):
-    """benchmarks/sidco_device_sample.py: the earlier (16384, 65536) and the current host-fit
-    sample and candidate limit, each against Top-k with its kept / k, settings put back."""
-    import horovod_gravac.selection.sidco as sidco_mod
-    from benchmarks import sidco_device_sample as bench
-    before = tuple(getattr(sidco_mod, name) for name in bench._KNOBS), kernels._chunked, kernels.host_path
-    assert bench.configurations()["current"] == before[0] != bench.EARLIER
-    assert bench.main(["--sizes", "300000", "--cfs", "10,1000", "--repeats", "2"]) == 0
-    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("300,000")]
-    assert len(rows) == 4   # 2 CFs x 2 distributions
-    for row in rows:
-        for ratio, kept in ((row[3], row[4]), (row[5], row[6])):
-            lo, hi = (float(v) for v in kept.split("-"))
-            assert ratio.endswith("x") and float(ratio[:-1]) > 0 and 0.8 <= lo <= hi <= 1.25, row
-    assert (tuple(getattr(sidco_mod, name) for name in bench._KNOBS), kernels._chunked, kernels.host_path) == before
+    def __init__(self):
+        super().__init__()
+        self.n = 0
 
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("distribution", ["exponential", "gpareto", "gamma"])
+@pytest.mark.parametrize("cf", [10.0, 1000.0])
+def test_sidco_fits_on_the_host_or_the_device_keep_k_and_the_host_runs_fewer_operations(
+        distribution, cf, accelerator_path):
+    """On the accelerators' path SIDCo fits its stages on the host (``device_fits="host"``, the
+    default: its sample and candidates copied over, at most ``_DEVICE_CANDIDATE_FITS`` of them,
+    every stride-th beyond) or on the device (each refinement round a few operations).  Both keep
+    k within [0.8, 1.25]; the host fits dispatch fewer operations.  300,000 entries: at CF 10
+    the candidates outnumber the host's limit, so the strided copy is taken."""
+    u = torch.rand(300_000, generator=torch.Generator().manual_seed(0)) - 0.5
+    t = -u.sign() * torch.log1p(-2 * u.abs())   # Laplace(0, 1)
+    ops, kept = {}, {}
+    for fits in ("device", "host"):
+        comp = SIDCoCompressor(cf, distribution=distribution, device_fits=fits)
+        comp.compress(t)   # warm-up
+        with OpCounter() as counter:
+            payload, _ = comp.compress(t)
+        ops[fits], kept[fits] = counter.n, payload.values.numel() * cf / t.numel()
+    assert ops["host"] < ops["device"], ops
+    assert all(0.8 <= q <= 1.25 for q in kept.values()), kept
 
 
 def test_the_step_records_the_first_levels_quality_not_the_further_ones(accelerator_path):
@@ -641,7 +646,7 @@ def test_sidco_gathers_rather_than_passes_when_a_heavy_tail_defeats_its_sample_f
     then fitted on a streaming pass over the whole tensor, every call, and gathered afterwards;
     from 512K entries (``_GATHER_NOT_PASS_MIN``) it is now gathered at once (at most 400 n / 8192
     entries) and the candidate phase's exact counts finish the stages, within [0.85, 1.15] of k.
-    Captured gradients behave the same way (``benchmarks/sidco_cost.py --input real``)."""
+    Captured gradients behave the same way."""
     from horovod_gravac.selection.sidco import _GATHER_NOT_PASS_MIN
     torch.manual_seed(3)
     for df in (1.5, 2.0):
@@ -688,8 +693,7 @@ def test_sidco_gathers_its_candidates_once_on_heavy_tails(selection_path, sidco_
     (``_GATHER_AT_LEAST``), so that they still hold k when the stage before, fitted on the sample,
     overshoots a heavy tail.  Planned nearer k (1.2-1.6k at CF 100 and 300 from 1M entries), they
     held fewer in up to 65 % of the calls on Student's t, and each such call gathered them a second
-    time, a second select pass over the tensor (``benchmarks/sidco_gathers.py``, which also
-    counts captured gradients: up to 52 %)."""
+    time, a second select pass over the tensor (on captured gradients: up to 52 %)."""
     torch.manual_seed(0)
     for df in (1.5, 3.0):
         t = torch.distributions.StudentT(df).sample((1_000_000,))
