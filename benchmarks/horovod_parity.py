@@ -1,5 +1,5 @@
-"""Step time of ``hg.DistributedOptimizer`` against ``hvd.DistributedOptimizer`` on the same model:
-what a user pays for changing one line of a Horovod script.
+"""What does changing the one line cost?  Step time of ``hg.DistributedOptimizer`` against
+``hvd.DistributedOptimizer`` on the same model.
 
 Run under horovodrun (loopback, no bandwidth limit), e.g.
     horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.horovod_parity

@@ -1,4 +1,5 @@
-"""What compression costs per training step on one device, each compressor side by side.
+"""What does each compressor add to a training step on one device?  Plain torch, the dense
+controller and each static compressor side by side.
 
     python -m benchmarks.step_cost --device cuda                      # ResNet101/CIFAR-10, batch 32
     python -m benchmarks.step_cost --device cpu --preset cnn1d-digits --steps 20   # a quick look

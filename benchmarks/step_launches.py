@@ -1,4 +1,5 @@
-"""What ``hg.DistributedOptimizer`` adds to a training step: dispatched operations and host time.
+"""What does ``hg.DistributedOptimizer`` add to a training step?  Dispatched operations and
+host time, over plain torch.
 
     .venv/bin/python -m benchmarks.step_launches                 # CPU: the accelerators' paths, emulated
     python -m benchmarks.step_launches --device cuda             # on a GPU

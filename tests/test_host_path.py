@@ -359,7 +359,7 @@ def test_benchmark_sweep_reports_every_size_cf_and_compressor(tmp_path):
     assert len(multi) == 2 * 4
     text = open(str(out) + ".txt").read()
     assert "Table 0: size sweep" in text and "target(s) failed" in text and "# noise control: " in text
-    # The README's tables come from the same rows: largest size first, one cell per CF.
+    # The two tables come from the same rows: largest size first, one cell per CF.
     table = text[text.index("Compress alone:"):]
     lines = [line for line in table.splitlines() if line.startswith("| 70,000") or line.startswith("| 20,000")]
     assert len(lines) == 4 and lines[0].startswith("| 70,000")

@@ -476,7 +476,7 @@ def test_syncs_per_optimizer_step_on_accelerators(accelerator_path, monkeypatch)
     the dispatch counter with the accelerator paths forced): one per bucket in the encoder, whose
     NaN/Inf policy must know before it sends whether the bucket is finite, plus each compressor's
     own per call (DGC: its ``nonzero``); GraVAC adds at most three per step (the statistics,
-    read once).  The README quotes these counts; a change that adds a sync inside the bucket
+    read once).  docs/gpu.md quotes these counts; a change that adds a sync inside the bucket
     hooks (on a GPU each one holds back the backward's launches) fails here."""
     hvd = pytest.importorskip("horovod.torch")
     import horovod_gravac as hg
