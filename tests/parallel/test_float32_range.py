@@ -1,4 +1,4 @@
-"""Gradients at the edge of float32's range, on 2 real ranks (launched by tests/test_overflow.py).
+"""Gradients at the edge of float32's range, on 2 real ranks (launched by tests/integration/test_parallel.py).
 
 * a finite float64 gradient beyond float32's range (1e39) on one rank cannot travel in the
   float32 wire: it counts as non-finite, so every rank's gradient is non-finite that step

@@ -1,4 +1,4 @@
-"""The optimizer on real ranks (2 and 3, launched by tests/test_distributed.py).
+"""The optimizer on real ranks (2 and 3, launched by tests/integration/test_parallel.py).
 
 Horovod registers no hooks with one rank, so only these prove anything about
 communication.

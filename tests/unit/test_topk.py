@@ -244,7 +244,7 @@ def test_device_path_syncs_once(monkeypatch, order_statistic):
 
 
 class SyncCounter(TorchDispatchMode):
-    """Counts the aten operations that make an accelerator wait for the host (as tests/test_host_syncs.py)."""
+    """Counts the aten operations that make an accelerator wait for the host (as tests/unit/test_host_syncs.py)."""
 
     def __init__(self):
         super().__init__()

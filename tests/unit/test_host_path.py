@@ -3,10 +3,7 @@ native kernels instead of torch ops on 0-dim tensors.  Each piece must compute w
 torch twin (the path accelerators take) computes; the compressors' contracts (quality,
 threshold sets, multi-level, determinism) are tested on every CPU path in
 test_threshold_compressors.py."""
-import csv
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +18,6 @@ from horovod_gravac.compressors.redsync import redsync_search
 from horovod_gravac.compressors.sidco import (fitted_excess, fitted_excess_host, gamma_upper_quantile,
                                               gamma_upper_quantile_host)
 
-ROOT = Path(__file__).resolve().parents[1]
 needs_native = pytest.mark.skipif(native._LIB is None, reason="native kernels not built")
 
 
@@ -332,39 +328,6 @@ def test_host_path_off_for_other_dtypes_and_when_switched_off(monkeypatch):
         assert not kernels.host_path(x)
     finally:
         native.use(previous)
-
-
-# -- the benchmark's size sweep --------------------------------------------------------------------
-def test_benchmark_sweep_reports_every_size_cf_and_compressor(tmp_path):
-    sys.path.insert(0, str(ROOT))
-    from benchmarks import compressors as bench
-
-    out = tmp_path / "sweep"
-    stdout = sys.stdout
-    rc = bench.main(["--sweep-only", "--sizes", "20000,70000", "--cfs", "10,100", "--sweep-repeats", "1",
-                     "--compressors", "topk,dgc,redsync,sidco-exp", "--out", str(out)])
-    assert sys.stdout is stdout and rc == 0
-    rows = list(csv.DictReader(open(str(out) + ".csv")))
-    sweep = [r for r in rows if r["table"] == "sweep"]
-    assert {(int(r["numel"]), float(r["cf"]), r["compressor"]) for r in sweep} == {
-        (n, cf, c) for n in (20000, 70000) for cf in (10.0, 100.0)
-        for c in ("topk", "topk-again", "dgc", "redsync", "sidco-exp")}
-    for r in sweep:
-        if r["compressor"] == "topk":
-            assert float(r["compress_per_topk"]) == 1.0 and float(r["cd_per_topk"]) == 1.0
-        if r["compressor"] == "topk-again":   # the noise control: timed, never judged
-            assert r["compress_ok"] == "" and float(r["compress_per_topk"]) > 0
-        assert math.isclose(float(r["compress_per_pass"]), float(r["compress_ms"]) / float(r["stream_ms"]))
-    multi = [r for r in rows if r["table"] == "sweep_multilevel"]
-    assert len(multi) == 2 * 4
-    text = open(str(out) + ".txt").read()
-    assert "Table 0: size sweep" in text and "target(s) failed" in text and "# noise control: " in text
-    # The two tables come from the same rows: largest size first, one cell per CF.
-    table = text[text.index("Compress alone:"):]
-    lines = [line for line in table.splitlines() if line.startswith("| 70,000") or line.startswith("| 20,000")]
-    assert len(lines) == 4 and lines[0].startswith("| 70,000")
-    dgc_alone = next(r for r in sweep if r["compressor"] == "dgc" and r["numel"] == "70000" and r["cf"] == "10.0")
-    assert f"{float(dgc_alone['compress_per_topk']):.2f} ({float(dgc_alone['compress_per_pass']):.2f})" in lines[0]
 
 
 @pytest.mark.parametrize("distribution", ["exponential", "gpareto", "gamma"])

@@ -11,7 +11,7 @@ import pytest
 
 from horovod_gravac.harness import demo
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_runs_cover_both_workloads_with_the_papers_gravac():

@@ -1,7 +1,7 @@
 """A checkpoint must not load silently into the wrong optimizer.
 
 One process, Horovod initialised with one rank (no collectives cross processes); the
-multi-rank resume itself is tested in tests/test_reliability.py."""
+multi-rank resume itself is tested in tests/integration/test_parallel.py."""
 import re
 
 import pytest

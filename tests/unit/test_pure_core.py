@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SELECTION = sorted("horovod_gravac.selection" + ("" if p.stem == "__init__" else "." + p.stem)
                    for p in (ROOT / "horovod_gravac" / "selection").glob("*.py"))
 PURE = ["horovod_gravac", "horovod_gravac.controllers", "horovod_gravac.gain", "horovod_gravac.throughput",

@@ -10,7 +10,7 @@ own ``timeout_s`` bounds each of its collectives.
 
 The package under test is the one on ``$HOROVOD_GRAVAC_TEST_ROOT`` if set (a checkout
 directory), else this checkout; e.g. to test another checkout's package with these tests:
-``HOROVOD_GRAVAC_TEST_ROOT=/path/to/checkout python -m pytest tests/test_horovod_compat.py``.
+``HOROVOD_GRAVAC_TEST_ROOT=/path/to/checkout python -m pytest tests/integration/test_horovod_compat.py``.
 """
 import os
 import re

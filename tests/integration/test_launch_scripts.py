@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch"
 DOCKER = ROOT / "docker"
 SCRIPTS = ["run_baseline.sh", "run_gravac.sh", "run_accordion.sh"]

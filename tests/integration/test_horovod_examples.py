@@ -1,4 +1,4 @@
-"""Copies of Horovod's PyTorch examples (tests/examples/*.py, same structure, tiny models)
+"""Copies of Horovod's PyTorch examples (tests/integration/examples/*.py, same structure, tiny models)
 run with ``--impl hvd`` (hvd.DistributedOptimizer) and ``--impl hg`` (horovod_gravac's,
 called with the same arguments) under horovodrun.
 

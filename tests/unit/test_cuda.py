@@ -2,7 +2,7 @@
 ``torch.cuda.is_available()`` is False (tests/conftest.py), so CI without a GPU passes.
 
 The latest run's output: benchmarks/results/gpu/pytest_cuda.txt.  Run them with
-``bash scripts/gpu_check.sh`` (or ``pytest -m cuda tests/test_cuda.py``) on a GPU machine; all
+``bash scripts/gpu_check.sh`` (or ``pytest -m cuda tests/unit/test_cuda.py``) on a GPU machine; all
 but the optimizer's run without Horovod.
 
 What is covered:
@@ -15,7 +15,7 @@ What is covered:
   runs, close to the CPU's rank-order sum), deterministic mode restored afterwards; the
   statistics header and the allreduce tail on CUDA;
 - host synchronisations per compressor call on CUDA (counted with the same dispatch
-  counter as tests/test_host_syncs.py, and with CUDA's own sync debug mode);
+  counter as tests/unit/test_host_syncs.py, and with CUDA's own sync debug mode);
 - the optimizer on CUDA with one rank (when Horovod was built with CUDA support), against
   the same run on the CPU.
 The 2-rank NCCL run is tests/parallel/test_cuda_nccl.py, launched by scripts/gpu_check.sh.
@@ -206,7 +206,7 @@ def test_randomk_draw_on_cuda_is_the_cpus(numel, k):
 def test_redsync_on_cuda_keeps_what_a_full_sort_decides(cf):
     """RedSync on a GPU: above CF ~13 the set its search decides from a full sort of |x|
     (computed here on the CPU), whatever its sample, so the same entries on every device;
-    below, one threshold's set within a few % of k (tests/test_host_syncs.py)."""
+    below, one threshold's set within a few % of k (tests/unit/test_host_syncs.py)."""
     from test_host_syncs import check_redsync_kept
     from horovod_gravac.selection.redsync import RedSyncSelector
     for numel in (300_000, 1_200_000):
@@ -221,7 +221,7 @@ def test_redsync_on_cuda_keeps_what_a_full_sort_decides(cf):
 def test_tied_buckets_keep_k_on_cuda(name):
     """Many magnitudes tied at the k-th (constant, value-clipped, ...): RedSync keeps the k
     largest, the earliest of the tie first (the CPU's set); DGC and SIDCo keep a count in
-    [k/2, 2k] whose entries are the largest (tests/test_host_syncs.py, the tie tests)."""
+    [k/2, 2k] whose entries are the largest (tests/unit/test_host_syncs.py, the tie tests)."""
     from test_host_syncs import _band_reachable, _first_k_stable, _tied_cases
     from horovod_gravac.selection.dgc import DGCSelector
     from horovod_gravac.selection.redsync import RedSyncSelector
@@ -248,7 +248,7 @@ def test_tied_buckets_keep_k_on_cuda(name):
 def test_sidco_keeps_k_on_heavy_tails_and_sparse_buckets_on_cuda():
     """SIDCo's host fits on a CUDA tensor: within [0.85, 1.15] of k at the CFs between the swept
     ones on Student's t, and on an embedding-like bucket (2 % of rows nonzero) at CF 100/1000
-    with no stage fitted on a pass over the bucket (tests/test_host_syncs.py, the same cases
+    with no stage fitted on a pass over the bucket (tests/unit/test_host_syncs.py, the same cases
     on the CPU's paths)."""
     import horovod_gravac.selection.sidco as sidco
     from horovod_gravac.selection.fits import DISTRIBUTIONS

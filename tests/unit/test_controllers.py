@@ -248,20 +248,6 @@ def test_gravac_defaults_to_the_ladder_and_keeps_algorithm_1_as_paper():
     assert set(drive(paper, 200, lambda cf: ISSUE_TRACE_GAINS[cf], comm_bound)[100:]) == {10}
 
 
-def test_the_paper_reproductions_pin_algorithm_1():
-    """The demo, the end-to-end benchmark and the launch scripts reproduce the paper's GraVAC
-    (and their committed results ran it): they ask for variant paper."""
-    from benchmarks import end_to_end
-    from horovod_gravac.harness import demo
-    gravac_runs = [flags for _, _, flags in demo.RUNS if "gravac" in flags]
-    gravac_runs += [flags for _, _, flags in end_to_end.CONFIGS.values() if "gravac" in flags]
-    assert len(gravac_runs) >= 9
-    for flags in gravac_runs:
-        assert flags[flags.index("--variant") + 1] == "paper", flags
-    from conftest import ROOT
-    assert '--variant "${VARIANT:-paper}"' in (ROOT / "launch" / "run_gravac.sh").read_text()
-
-
 def test_ladder_steps_down_between_checks_instead_of_sending_dense():
     """The row LSTM's trace: 20x passes early and theta_min moves up to it; then its gain sits just
     under epsilon.  The ladder steps down to 10x within a step or two of the gain falling, not at

@@ -43,7 +43,7 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 DISTRIBUTIONS = ["normal", "laplace", "zeros", "constant", "sparse", "wide", "ties", "tiny"]
 
 # Examples per test; raise for a deeper hunt:
-#   GRAVAC_HYPOTHESIS_EXAMPLES=2000 GRAVAC_HYPOTHESIS_RANDOM=1 pytest tests/test_properties.py
+#   GRAVAC_HYPOTHESIS_EXAMPLES=2000 GRAVAC_HYPOTHESIS_RANDOM=1 pytest tests/unit/test_properties.py
 EXAMPLES = int(os.environ.get("GRAVAC_HYPOTHESIS_EXAMPLES", "30"))
 # By default the examples are derandomized: every run (CI included) checks the same cases,
 # so a red run is reproducible and a landing never depends on the draw. GRAVAC_HYPOTHESIS_RANDOM=1
