@@ -56,7 +56,7 @@ def test_float64_beyond_float32_is_nonfinite():
             if not bad:
                 with opt.skip_synchronize():
                     opt.step()
-        for res in opt._memory.residuals.values():
+        for res in opt.gravac_state_dict()["residuals"].values():
             if not torch.isfinite(res).all():
                 raise AssertionError(f"{name}: a residual was poisoned")
         flat = torch.cat([p.detach().reshape(-1) for p in m.parameters()])

@@ -149,7 +149,7 @@ def test_timeout_resolution(hvd1, monkeypatch):
     assert comm.resolve_timeout(2) == 2.0 and comm.resolve_timeout(math.inf) == math.inf
     monkeypatch.setenv(comm.TIMEOUT_ENV, "12.5")
     assert comm.resolve_timeout(None) == 12.5 and comm.resolve_timeout(3) == 3.0   # argument wins
-    assert _opt()._timeout == 12.5 and _opt(timeout_s=3)._timeout == 3.0
+    assert _opt().timeout_s == 12.5 and _opt(timeout_s=3).timeout_s == 3.0
     monkeypatch.setenv(comm.TIMEOUT_ENV, "inf")
     assert comm.resolve_timeout(None) == math.inf
     for bad in ("abc", "0", "-1"):
