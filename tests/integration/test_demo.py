@@ -21,6 +21,8 @@ def test_runs_cover_both_workloads_with_the_papers_gravac():
     assert flags[flags.index("--epsilon") + 1] == "0.9" and flags[flags.index("--policy") + 1] == "exponential"
 
 
+@pytest.mark.parallel
+@pytest.mark.slow
 def test_short_demo_writes_one_report_per_workload(tmp_path):
     if importlib.util.find_spec("horovod") is None:
         pytest.skip("Horovod is not installed (run scripts/setup.sh)")

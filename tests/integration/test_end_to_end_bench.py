@@ -83,6 +83,8 @@ def test_configs_cover_the_issue():
     assert set(e2e.QUICK_CONFIGS) <= names
 
 
+@pytest.mark.parallel
+@pytest.mark.slow
 def test_tiny_real_run_writes_sane_outputs(tmp_path):
     if importlib.util.find_spec("horovod") is None:
         pytest.skip("Horovod is not installed (run scripts/setup.sh)")

@@ -12,7 +12,7 @@ from horovod_gravac import comm
 from conftest import run_ranks
 from launcher import PARALLEL
 
-pytestmark = pytest.mark.parallel
+pytestmark = [pytest.mark.parallel, pytest.mark.serial]   # wall-clock bounds: run alone
 FAULT_SCENARIO = PARALLEL / "fault_scenario.py"
 
 

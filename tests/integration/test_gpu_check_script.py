@@ -36,6 +36,8 @@ def test_gpu_session_script_parses_and_names_what_is_missing(tmp_path):
     assert "gpu_check/git.txt" in names and "gpu_check/build_ext.log" not in names, names
 
 
+@pytest.mark.parallel
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: run scripts/gpu_check.sh itself")
 def test_gpu_check_without_a_gpu_says_so_and_dry_runs_every_step(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, RESULTS=str(tmp_path / "r"), GPU_CHECK_DRY_RUN="1",

@@ -24,6 +24,8 @@ import torch
 from launcher import (ROOT, check_parallel_tests, horovodrun_cmd, launch_parallel_tests, rank_summaries,
                       run_with_timeout)
 
+pytestmark = [pytest.mark.parallel, pytest.mark.slow]
+
 IMPL_ROOT = Path(os.environ.get("HOROVOD_GRAVAC_TEST_ROOT", str(ROOT))).resolve()
 
 

@@ -16,6 +16,8 @@ import torch
 
 from test_horovod_compat import launch
 
+pytestmark = pytest.mark.parallel
+
 EXAMPLES = Path(__file__).parent / "examples"
 IMPLS = {"hvd": ["--impl", "hvd"],
          "hg-dense": ["--impl", "hg", "--controller", "dense"],

@@ -3,7 +3,11 @@ side on 2 real ranks (a short run; the measurement itself takes minutes)."""
 import re
 import sys
 
+import pytest
+
 from launcher import ROOT, horovodrun_cmd, run_with_timeout
+
+pytestmark = pytest.mark.parallel
 
 
 def test_parity_table_has_every_optimizer_against_its_horovod_reference():

@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import cost_model, net_probe, netem  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.serial]   # network namespaces and wall-clock bounds: run alone
 
 HAVE_NETNS = netem.namespace_support() is None
 needs_netns = pytest.mark.skipif(not HAVE_NETNS, reason=f"no network namespaces: "
@@ -437,6 +438,7 @@ def test_sigterm_during_run_ranks_kills_ranks_and_tears_down():
 
 @needs_netns
 @needs_horovod
+@pytest.mark.parallel
 def test_two_rank_horovod_allreduce_through_namespaces():
     code = textwrap.dedent("""
         import socket, torch, horovod.torch as hvd
@@ -457,6 +459,7 @@ def test_two_rank_horovod_allreduce_through_namespaces():
 
 @needs_netns
 @needs_horovod
+@pytest.mark.parallel
 def test_probe_end_to_end_small():
     rows = net_probe.run_probe(np=2, rate="100mbit", sizes="1MiB", repeats=2, timeout=120)
     assert {r["op"] for r in rows} == {"allreduce", "allgather"}

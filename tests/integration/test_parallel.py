@@ -15,31 +15,29 @@ from launcher import check_parallel_tests, horovodrun_path, launch_parallel_test
 pytestmark = pytest.mark.parallel
 
 
+# One launch per job size: every rank runs these files in one pytest session, since each
+# launch costs seconds of start-up on 2 cores.  A failure names its file and test in the
+# ranks' output.  test_reliability_checks.py comes last: one of its tests shuts Horovod down
+# and initialises it again.  test_float32_range.py runs on 2 ranks only.
+ON_RANKS = {
+    2: ["test_optimizer.py", "test_join_uneven.py", "test_float32_range.py", "test_reliability_checks.py"],
+    3: ["test_optimizer.py", "test_join_uneven.py", "test_reliability_checks.py"],
+}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("np_", [2, 3])
-def test_optimizer_on_ranks(np_):
-    """Every test of parallel/test_optimizer.py on 2 and 3 Gloo ranks."""
-    run_parallel_tests(np_, "test_optimizer.py", timeout=300)
+def test_optimizer_join_float32_and_reliability_on_ranks(np_):
+    """On 2 and 3 Gloo ranks: every test of parallel/test_optimizer.py; hvd.join() with uneven
+    data under every controller with ``join_safe=True``, and the error without it naming the
+    option (test_join_uneven.py); gradients at the edge of float32's range
+    (test_float32_range.py, 2 ranks); non-finite gradients, consistency, bounded waits,
+    checkpoints and the elastic handler (test_reliability_checks.py: every test on 2 ranks,
+    those marked ``sizes(2, 3)`` also on 3)."""
+    run_parallel_tests(np_, *ON_RANKS[np_], timeout=840)
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_join_with_uneven_data_under_every_controller(np_):
-    """hvd.join() with uneven data: every controller with DistributedOptimizer(join_safe=True),
-    and the error without the option names it (parallel/test_join_uneven.py)."""
-    run_parallel_tests(np_, "test_join_uneven.py", timeout=300)
-
-
-def test_float32_range_edges():
-    """Gradients at the edge of float32's range, on 2 ranks (parallel/test_float32_range.py)."""
-    run_parallel_tests(2, "test_float32_range.py", timeout=240)
-
-
-@pytest.mark.parametrize("np_", [2, 3])
-def test_reliability_checks(np_):
-    """Every test of parallel/test_reliability_checks.py on 2 ranks; those marked
-    ``sizes(2, 3)`` also on 3."""
-    run_parallel_tests(np_, "test_reliability_checks.py", timeout=300)
-
-
+@pytest.mark.slow
 def test_checkpoint_resume_is_bitwise_identical(tmp_path):
     """Job 1: N+M uninterrupted steps, checkpoint at N (each rank its own file). Job 2 (a
     fresh horovodrun): load, M steps; parameters, CFs and controller state must be
@@ -52,6 +50,7 @@ def test_checkpoint_resume_is_bitwise_identical(tmp_path):
     run_parallel_tests(2, "test_checkpoint_jobs.py::test_ckpt_resume", timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_real_elastic_driver_shrinks_and_grows(tmp_path):
     """horovodrun in elastic mode: 2 workers; the one on 127.0.0.1 dies at step 8 (world
     2 -> 1: restore, reset, residuals zeroed, EWMA factor 0.01); at step 14 the survivor

@@ -10,6 +10,7 @@ pytest.importorskip("horovod.torch")
 from benchmarks import step_cost  # noqa: E402
 
 
+@pytest.mark.slow
 def test_step_cost_table_rows_come_from_the_runs(tmp_path):
     out = tmp_path / "table.txt"
     assert step_cost.main(["--device", "cpu", "--preset", "cnn1d-digits", "--steps", "6", "--skip", "2",

@@ -97,6 +97,7 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.parallel
 def test_iter_time_includes_the_wait_in_opt_stats(tmp_path):
     """Whatever reading opt.stats waits for (until commit 1e4bb89, GraVAC's/Accordion's
     decision broadcast, so the slowest rank's end of the step) is part of some iteration
@@ -181,6 +182,8 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.parallel
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_two_rank_run_writes_complete_logs(runs, name):
     run_dir, log = runs[name]
@@ -203,6 +206,8 @@ def test_two_rank_run_writes_complete_logs(runs, name):
         assert all(0.0 <= e["accuracy"] <= 1.0 for e in evals)
 
 
+@pytest.mark.parallel
+@pytest.mark.slow
 def test_controllers_show_in_the_stats(runs):
     _, steps, _, summary = read_run(runs["resnet101-cifar10-static"][0])
     assert {s["cf"] for s in steps} == {20.0}
@@ -214,6 +219,8 @@ def test_controllers_show_in_the_stats(runs):
     assert steps[0]["level"] == "dense" and "gain_min" in steps[-1] and len({s["candidate_cf"] for s in steps}) > 1
 
 
+@pytest.mark.parallel
+@pytest.mark.slow
 def test_report_over_all_runs(runs, tmp_path):
     from horovod_gravac.harness.report import main as report_main
     out = tmp_path / "report"

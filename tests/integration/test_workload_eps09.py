@@ -170,6 +170,8 @@ def _launch(out_dir, *flags, timeout=420):
     return run.summary
 
 
+@pytest.mark.parallel
+@pytest.mark.slow
 def test_two_rank_gravac_eps09_meets_the_target(tmp_path):
     """Same steps and seed; GraVAC eps 0.9 within 0.5 pp of dense, >= 10x fewer bytes.
     About two minutes: two 1000-step runs of ~50-65 s each on two cores."""
