@@ -26,7 +26,7 @@ IMPLS = {"hvd": ["--impl", "hvd"],
 _runs = {}
 
 
-def run_example(script, np_, impl, extra=(), timeout=120):
+def run_example(script, np_, impl, extra=(), timeout=300):
     rc, out = launch(np_, EXAMPLES / script, [*IMPLS[impl], *extra], timeout)
     assert rc == 0, f"{script} -np {np_} {impl} {' '.join(map(str, extra))}: rc={rc} (None: timeout)\n{out[-5000:]}"
     shas = re.findall(r"PARAMS_SHA ([0-9a-f]{64})", out)
