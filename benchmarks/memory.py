@@ -1,4 +1,5 @@
-"""Peak memory of a GraVAC step against a dense step, per rank.
+"""How much memory does each mode take?  Peak memory per rank of GraVAC, static and dense steps
+against ``hvd.DistributedOptimizer``'s.
 
     python -m benchmarks.memory                    # launches itself: horovodrun -np 2 --gloo
     python -m benchmarks.memory --np 3 --model mlp --width 2048

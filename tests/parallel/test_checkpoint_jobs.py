@@ -1,5 +1,5 @@
 """Checkpoint and resume across two separate jobs, on 2 real ranks (launched by
-tests/test_reliability.py): ``test_ckpt_reference`` in one horovodrun, ``test_ckpt_resume``
+tests/integration/test_parallel.py): ``test_ckpt_reference`` in one horovodrun, ``test_ckpt_resume``
 in a fresh one, both with $GRAVAC_CKPT_DIR, the folder of the checkpoint files.
 """
 import os
@@ -18,7 +18,7 @@ from ranks import (RANK, StepTimedGraVAC, assert_identical_across_ranks, flat_pa
 
 CKPT_DIR = os.environ.get("GRAVAC_CKPT_DIR")
 pytestmark = [pytest.mark.sizes(2),
-              pytest.mark.skipif(CKPT_DIR is None, reason="needs $GRAVAC_CKPT_DIR (set by tests/test_reliability.py)")]
+              pytest.mark.skipif(CKPT_DIR is None, reason="needs $GRAVAC_CKPT_DIR (set by tests/integration/test_parallel.py)")]
 
 N_STEPS, M_STEPS = 7, 6
 # Must resume bit for bit (SIDCo, DGC and RedSync, sampled or not, too, while they exist)
@@ -85,7 +85,7 @@ def test_ckpt_reference():
             assert len(set(cfs)) >= 3, f"{cfg}: the CF should move for a meaningful test: {cfs}"
         assert opt.residual_bytes() > 0
         torch.save({"params": flat_params(model), "cfs": cfs,
-                    "controller": opt.controller.state_dict(), "step": opt._step_index},
+                    "controller": opt.controller.state_dict(), "step": opt.gravac_state_dict()["step"]},
                    _ckpt_path(root, cfg, "final"))
         release(opt)
 
@@ -102,7 +102,7 @@ def _resume(root, cfg, make, tamper=None):
     for step in range(N_STEPS, N_STEPS + M_STEPS):
         train_steps(model, opt, 1, start=step)
         cfs.append(opt.stats["cf"])
-    result = (flat_params(model), cfs, opt.controller.state_dict(), opt._step_index)
+    result = (flat_params(model), cfs, opt.controller.state_dict(), opt.gravac_state_dict()["step"])
     release(opt)
     return result
 
@@ -128,8 +128,8 @@ def test_ckpt_resume():
         say(f"RESUMED {cfg} bitwise identical after {N_STEPS}+{M_STEPS} steps; CFs {ref['cfs']}")
     # The test is sensitive: dropping the residuals or the step index changes the result.
     configs = _ckpt_configs()
-    for cfg, tamper in (("static_topk", lambda o: o._memory.reset()),
-                        ("static_randomk", lambda o: setattr(o, "_step_index", 0))):
+    for cfg, tamper in (("static_topk", lambda o: o.reset_residuals()),
+                        ("static_randomk", lambda o: o.load_gravac_state_dict({**o.gravac_state_dict(), "step": 0}))):
         ref = torch.load(_ckpt_path(root, cfg, "final"), weights_only=False)
         params = _resume(root, cfg, configs[cfg], tamper)[0]
         assert not torch.equal(params, ref["params"]), f"{cfg}: tampering went unnoticed"

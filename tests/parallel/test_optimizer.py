@@ -1,4 +1,4 @@
-"""The optimizer on real ranks (2 and 3, launched by tests/test_distributed.py).
+"""The optimizer on real ranks (2 and 3, launched by tests/integration/test_parallel.py).
 
 Horovod registers no hooks with one rank, so only these prove anything about
 communication.
@@ -190,7 +190,7 @@ def test_nan_gradient_keeps_ranks_identical():
         if step == 4:
             flagged = hvd.allgather_object(opt.stats["nonfinite_buckets"])
             assert flagged[-1] > 0 and all(f == 0 for f in flagged[:-1]), flagged
-    for b, res in opt._memory.residuals.items():
+    for res in opt.gravac_state_dict()["residuals"].values():
         assert torch.isfinite(res).all(), "a residual was poisoned by NaN"
     assert opt.controller.gain_min is not None and opt.controller.gain_min == opt.controller.gain_min
     assert torch.isfinite(flat_params(model)).all()
@@ -410,7 +410,7 @@ def test_carried_stats_are_complete_averages():
     opt._finish_step = finish
     control = []
     train(model, opt, 8, hook=lambda s, o: control.append((o.stats["level"], o.stats["control_bytes"])))
-    # 17 header rows of 8 bytes in an allgather, 8 float32 in an allreduce (docs/API_CONTRACT.md)
+    # 17 header rows of 8 bytes in an allgather, 8 float32 in an allreduce (docs/architecture.md)
     assert all(b == (32 if level == "dense" else 136) for level, b in control), control
     assert launches[0] == opt._carrier.index, f"the carrier was not ready first: {launches}"
     levels = {level for _, _, level in finished}
@@ -428,7 +428,7 @@ def test_carried_stats_are_complete_averages():
 
 
 def _bucket_flat(opt, tensors_by_param):
-    return torch.cat([torch.cat([tensors_by_param[p].reshape(-1) for p in b.params]) for b in opt._buckets])
+    return torch.cat([tensors_by_param[p].reshape(-1) for _, p in opt.bucketed_parameters()])
 
 
 def test_delivered_window_gain_is_cos2_of_the_window_sums():
@@ -441,11 +441,12 @@ def test_delivered_window_gain_is_cos2_of_the_window_sums():
     model = make_model(seed=3)
     ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=window, variant="delivered")
     opt = hg_opt(model, controller=ctrl)
-    params = [p for b in opt._buckets for p in b.params]
+    params = [p for _, p in opt.bucketed_parameters()]
 
-    def residual():
-        return torch.cat([opt._memory.residuals[b.index].clone() if b.index in opt._memory.residuals
-                          else torch.zeros(b.numel) for b in opt._buckets])
+    def residual():   # this rank's residuals, parameter by parameter, in the buckets' order
+        saved = opt.gravac_state_dict()["residuals"]
+        return torch.cat([saved[n].reshape(-1).clone() if n in saved else torch.zeros(p.numel())
+                          for n, p in opt.bucketed_parameters()])
 
     G, checked = None, []
     for step in range(3 * window):

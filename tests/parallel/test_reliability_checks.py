@@ -1,4 +1,4 @@
-"""Reliability on real ranks (launched by tests/test_reliability.py): non-finite gradients,
+"""Reliability on real ranks (launched by tests/integration/test_parallel.py): non-finite gradients,
 settings that differ between ranks, odd tensors, bounded waits, a rank-0 checkpoint, and the
 elastic state's save, restore, sync and reset.  Every test runs on 2 ranks; those marked
 ``sizes(2, 3)`` also on 3.
@@ -55,7 +55,7 @@ def _nonfinite_run(value, ranks, controller):
             for r in range(SIZE):
                 assert (flagged[r] > 0) == (r in ranks), f"nonfinite_buckets per rank {flagged}"
     handle.remove()
-    for res in opt._memory.residuals.values():
+    for res in opt.gravac_state_dict()["residuals"].values():
         assert torch.isfinite(res).all(), "a residual was poisoned"
     assert torch.isfinite(flat_params(model)).all(), "parameters became non-finite"
     if isinstance(controller, hg.GraVAC):
@@ -97,7 +97,7 @@ def test_nonfinite_propagates_to_every_rank():
             with opt.skip_synchronize():
                 opt.step()
         handle.remove()
-        for res in opt._memory.residuals.values():
+        for res in opt.gravac_state_dict()["residuals"].values():
             assert torch.isfinite(res).all(), f"{ctrl}: a residual was poisoned"
         assert torch.isfinite(flat_params(model)).all()
         assert_identical_across_ranks(flat_params(model), f"propagate.{type(ctrl).__name__}")
@@ -306,7 +306,7 @@ def test_sidco_sends_about_k_at_cfs_between_the_swept_ones_on_heavy_tailed_gradi
     """Each rank's gradient is Student's t (3 degrees of freedom, a different draw per rank and
     step): SIDCo's step quality (kept / k) stays within [0.85, 1.15] at CF 30, 50 and 300 for
     every fit, where its last stage used to go unrefined (0.75 of k at CF 50 on such data,
-    tests/test_host_syncs.py), and the ranks stay identical."""
+    tests/unit/test_host_syncs.py), and the ranks stay identical."""
     from horovod_gravac.compressors import SIDCoCompressor
     from horovod_gravac.selection.fits import DISTRIBUTIONS
     for dist in DISTRIBUTIONS:
@@ -334,7 +334,7 @@ def test_bounded_waits_in_normal_training():
         model = make_model()
         opt = hg_opt(model, timeout_s=timeout,
                      controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))
-        assert opt._timeout == timeout
+        assert opt.timeout_s == timeout
         train_steps(model, opt, 8)
         assert_identical_across_ranks(flat_params(model), f"bounded.{timeout}")
         release(opt)
@@ -373,7 +373,7 @@ def test_ckpt_rank0_load_then_broadcast():
         fresh.load_state_dict(ckpt["optimizer"])
     hvd.broadcast_parameters(fresh_model.state_dict(), root_rank=0)
     sync_optimizer_state(fresh)
-    assert fresh._step_index == 3
+    assert fresh.gravac_state_dict()["step"] == 3
     train_steps(fresh_model, fresh, 2, start=3)
     assert_identical_across_ranks(flat_params(fresh_model), "ckpt.rank0.sync")
     release(fresh)
@@ -446,7 +446,7 @@ def test_elastic_sync():
         opt.controller.load_state_dict(hg.GraVAC(theta_min=2, theta_max=128, epsilon=0.2,
                                                  window=3).state_dict())
         opt.controller.set_world_size(SIZE)
-        opt._step_index = 99
+        opt.load_gravac_state_dict({**opt.gravac_state_dict(), "step": 99})
         opt.state.clear()   # empty optimizer state: hvd's own handler would call step() here
     state.sync()
     ctrl_state, step, residuals = _gravac_state(opt)
@@ -483,7 +483,7 @@ def test_elastic_reset_world_size():
         assert abs(ctrl._gain_min.alpha - (SIZE + 3) / 100) < 1e-12, ctrl._gain_min.alpha
         assert not ctrl.throughput.compression, "throughput measured with another N was kept"
         assert (ctrl.theta_min, ctrl.candidate_cf) == ladder
-        assert all(float(r.abs().max()) == 0.0 for r in opt._memory.residuals.values())
+        assert all(float(r.abs().max()) == 0.0 for r in opt.gravac_state_dict()["residuals"].values())
         assert all(b.handle is None for b in opt._buckets)
     finally:
         comm.size = real_size
@@ -510,7 +510,7 @@ def test_elastic_real_reinit():
     hvd.init()
     state.on_reset()
     state.sync()
-    assert all(float(r.abs().max()) == 0.0 for r in opt._memory.residuals.values())
+    assert all(float(r.abs().max()) == 0.0 for r in opt.gravac_state_dict()["residuals"].values())
     train_steps(model, opt, 5, start=4)
     assert_identical_across_ranks(flat_params(model), "elastic.reinit")
     release(opt)
