@@ -35,7 +35,7 @@ import torch
 
 import horovod.torch as hvd
 import horovod_gravac as hg
-from horovod_gravac.controllers import Decision
+from horovod_gravac.controllers import Decision, PaperGraVAC
 
 
 def make_model(width):
@@ -58,7 +58,7 @@ def timed_steps(model, opt, x, y, steps):
     return out
 
 
-class PinnedGraVAC(hg.GraVAC):
+class PinnedGraVAC(PaperGraVAC):
     """GraVAC doing all its per-step work (both levels, gains, consensus) but pinned to
     one decision, so the comparison is at exactly the same CF."""
 
