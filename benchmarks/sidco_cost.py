@@ -22,7 +22,7 @@ calls it makes (thread CPU time, summed per call, median over ``--repeats`` call
   the torch wrapping of the result.
 
 ``--stages both`` (the default) times each SIDCo variant twice, as ``sidco-exp`` (stages in C) and
-``sidco-exp:py`` (``sidco._NATIVE_STAGES`` off: the same selection by ``_staged_on_host`` in
+``sidco-exp:py`` (``sidco._NATIVE_STAGES`` off: the same selection by ``sidco_host.HostStages`` in
 Python with the native passes), so that one run shows what the C stage loop saves.
 
 The select pass is the same work for both; what SIDCo adds is its definition: a sample large

@@ -21,7 +21,7 @@ import statistics
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import horovod_gravac.selection.sidco as sidco
+import horovod_gravac.selection.sidco_device as sidco_device
 from benchmarks.compressors import DeviceClock, accelerator_path, make_input
 from horovod_gravac.compressors import SIDCoCompressor
 
@@ -46,18 +46,18 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     torch.set_num_threads(1)
-    real_to_host = sidco._to_host
+    real_to_host = sidco_device._to_host
     copies = [0]
 
     def counting(t):
         copies[0] += 1
         return real_to_host(t)
-    sidco._to_host = counting
+    sidco_device._to_host = counting
     try:
         with accelerator_path(device):
             _run(args, device, cuda, copies)
     finally:
-        sidco._to_host = real_to_host
+        sidco_device._to_host = real_to_host
     return 0
 
 

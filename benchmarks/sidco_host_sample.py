@@ -22,6 +22,7 @@ import time
 import torch
 
 import horovod_gravac.selection.sidco as sidco
+import horovod_gravac.selection.sidco_host as sidco_host
 from benchmarks.compressors import INPUTS, make_input
 from horovod_gravac.selection.topk import TopKSelector
 
@@ -30,12 +31,12 @@ EARLIER = (1 << 14, 500, 200, 1000)
 
 
 def configurations() -> dict:
-    return {"earlier": EARLIER, "current": tuple(getattr(sidco, name) for name in _KNOBS)}
+    return {"earlier": EARLIER, "current": tuple(getattr(sidco_host, name) for name in _KNOBS)}
 
 
 def _use(values) -> None:
     for name, value in zip(_KNOBS, values):
-        setattr(sidco, name, value)
+        setattr(sidco_host, name, value)
 
 
 def timed_ratios(n: int, cf: float, repeats: int) -> dict:

@@ -195,7 +195,7 @@ def _sidco_inputs():
 
 @needs_native
 def test_sidco_stages_in_c_select_what_the_python_stages_select(native_on, monkeypatch):
-    """``native.sidco_select`` (kernels.c) is ``SIDCoSelector._staged_on_host`` in C: on every input,
+    """``native.sidco_select`` (kernels.c) is ``sidco_host.HostStages.select`` in C: on every input,
     distribution, CF and stage setting both keep the same entries (bit for bit, in the same order),
     fit the same number of stages and make the same streaming passes; and the inputs reach each of
     its branches (a streaming pass, a candidate phase, a selection without one)."""
@@ -446,23 +446,23 @@ def test_sample_loops_benchmark_times_both_loops_and_restores_the_mode(capsys):
 def test_sidco_gathers_benchmark_counts_both_floors_and_restores_them(capsys):
     """benchmarks/sidco_gathers.py: a row per input, CF, fit and floor (0 and the current one), and
     the floor and native.sidco_select put back."""
-    import horovod_gravac.selection.sidco as sidco_mod
+    import horovod_gravac.selection.sidco_host as sidco_host
     from benchmarks import sidco_gathers
     if not native.available():
         pytest.skip("native kernels not built")
-    before = (sidco_mod._GATHER_AT_LEAST, native.sidco_select)
+    before = (sidco_host._GATHER_AT_LEAST, native.sidco_select)
     assert sidco_gathers.main(["--sizes", "200000", "--cfs", "300", "--steps", "2"]) == 0
     rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if "200,000" in ln]
-    assert len(rows) == 4 * 2 * 2 and {float(r[-4]) for r in rows} == {0.0, sidco_mod._GATHER_AT_LEAST}
-    assert (sidco_mod._GATHER_AT_LEAST, native.sidco_select) == before
+    assert len(rows) == 4 * 2 * 2 and {float(r[-4]) for r in rows} == {0.0, sidco_host._GATHER_AT_LEAST}
+    assert (sidco_host._GATHER_AT_LEAST, native.sidco_select) == before
 
 
 def test_sidco_host_sample_benchmark_compares_both_settings_and_restores_them(capsys):
     """benchmarks/sidco_host_sample.py: the earlier and the current host-path settings, each
     timed against Top-k and its quality reported, with the module's settings put back."""
-    import horovod_gravac.selection.sidco as sidco_mod
+    import horovod_gravac.selection.sidco_host as sidco_host
     from benchmarks import sidco_host_sample as bench
-    before = tuple(getattr(sidco_mod, name) for name in bench._KNOBS)
+    before = tuple(getattr(sidco_host, name) for name in bench._KNOBS)
     assert bench.configurations()["current"] == before != bench.EARLIER
     assert bench.main(["--sizes", "300000", "--cfs", "100", "--repeats", "3", "--seeds", "2"]) == 0
     out = capsys.readouterr().out
@@ -475,4 +475,4 @@ def test_sidco_host_sample_benchmark_compares_both_settings_and_restores_them(ca
         for cell in row[3:]:
             lo, hi = (float(v) for v in cell.split("-"))
             assert 0.8 <= lo <= hi <= 1.25, row
-    assert tuple(getattr(sidco_mod, name) for name in bench._KNOBS) == before
+    assert tuple(getattr(sidco_host, name) for name in bench._KNOBS) == before

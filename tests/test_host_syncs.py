@@ -353,10 +353,10 @@ def test_sidco_host_fits_copy_at_most_twice_and_launch_few_ops(dist, accelerator
     candidates to the host, and fits there: at most 2 copies + 2 ``nonzero`` per call, the
     same at every size and CF, and a few dozen tensor operations instead of the device-side
     fits' hundreds to thousands (each a kernel launch on a GPU)."""
-    import horovod_gravac.selection.sidco as sidco
+    import horovod_gravac.selection.sidco_device as sidco_device
     copies = []
-    real = sidco._to_host
-    monkeypatch.setattr(sidco, "_to_host", lambda t: copies.append(t.numel()) or real(t))
+    real = sidco_device._to_host
+    monkeypatch.setattr(sidco_device, "_to_host", lambda t: copies.append(t.numel()) or real(t))
 
     class OpCounter(SyncCounter):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -402,9 +402,9 @@ def test_sidco_device_fits_benchmark_runs_and_restores_the_kernels(capsys):
 def test_sidco_device_sample_benchmark_compares_both_settings_and_restores_them(capsys):
     """benchmarks/sidco_device_sample.py: the earlier (16384, 65536) and the current host-fit
     sample and candidate limit, each against Top-k with its kept / k, settings put back."""
-    import horovod_gravac.selection.sidco as sidco_mod
+    import horovod_gravac.selection.sidco_host as sidco_host
     from benchmarks import sidco_device_sample as bench
-    before = tuple(getattr(sidco_mod, name) for name in bench._KNOBS), kernels._chunked, kernels.host_path
+    before = tuple(getattr(sidco_host, name) for name in bench._KNOBS), kernels._chunked, kernels.host_path
     assert bench.configurations()["current"] == before[0] != bench.EARLIER
     assert bench.main(["--sizes", "300000", "--cfs", "10,1000", "--repeats", "2"]) == 0
     rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("300,000")]
@@ -413,7 +413,7 @@ def test_sidco_device_sample_benchmark_compares_both_settings_and_restores_them(
         for ratio, kept in ((row[3], row[4]), (row[5], row[6])):
             lo, hi = (float(v) for v in kept.split("-"))
             assert ratio.endswith("x") and float(ratio[:-1]) > 0 and 0.8 <= lo <= hi <= 1.25, row
-    assert (tuple(getattr(sidco_mod, name) for name in bench._KNOBS), kernels._chunked, kernels.host_path) == before
+    assert (tuple(getattr(sidco_host, name) for name in bench._KNOBS), kernels._chunked, kernels.host_path) == before
 
 
 
@@ -586,12 +586,12 @@ def test_embedding_like_buckets_send_their_nonzeros_cheaply(selection_path, monk
 def sidco_passes(monkeypatch):
     """The sizes of the tensors SIDCo fits a stage on by a streaming pass, on every path."""
     import horovod_gravac.native as native
-    import horovod_gravac.selection.sidco as sidco
+    import horovod_gravac.selection.sidco_device as sidco_device
     passes = []
-    real_native, real_torch, real_staged = native.exceedance_moments, sidco.exceedance_moments, native.sidco_select
+    real_native, real_torch, real_staged = native.exceedance_moments, sidco_device.exceedance_moments, native.sidco_select
     monkeypatch.setattr(native, "exceedance_moments",
                         lambda x, *a, **kw: passes.append(x.size) or real_native(x, *a, **kw))
-    monkeypatch.setattr(sidco, "exceedance_moments",
+    monkeypatch.setattr(sidco_device, "exceedance_moments",
                         lambda x, *a, **kw: passes.append(x.numel()) or real_torch(x, *a, **kw))
 
     def staged(x, *args, **kwargs):   # the CPU host path's stages in C: the passes it reports
@@ -642,7 +642,7 @@ def test_sidco_gathers_rather_than_passes_when_a_heavy_tail_defeats_its_sample_f
     from 512K entries (``_GATHER_NOT_PASS_MIN``) it is now gathered at once (at most 400 n / 8192
     entries) and the candidate phase's exact counts finish the stages, within [0.85, 1.15] of k.
     Captured gradients behave the same way (``benchmarks/sidco_cost.py --input real``)."""
-    from horovod_gravac.selection.sidco import _GATHER_NOT_PASS_MIN
+    from horovod_gravac.selection.sidco_host import _GATHER_NOT_PASS_MIN
     torch.manual_seed(3)
     for df in (1.5, 2.0):
         t = torch.distributions.StudentT(df).sample((_GATHER_NOT_PASS_MIN + 1000,))
@@ -656,9 +656,9 @@ def sidco_gathers(monkeypatch):
     """How many times each SIDCo call gathered its candidates (a select pass over the tensor each),
     on every path."""
     import horovod_gravac.native as native
-    import horovod_gravac.selection.sidco as sidco
+    import horovod_gravac.selection.sidco_device as sidco_device
     calls = []
-    real_staged, real_select = native.sidco_select, sidco.select_abs_at_least
+    real_staged, real_select = native.sidco_select, sidco_device.select_abs_at_least
 
     def staged(*args, **kwargs):
         idx, val, done = real_staged(*args, **kwargs)
@@ -677,9 +677,8 @@ def sidco_gathers(monkeypatch):
         return call
 
     monkeypatch.setattr(native, "sidco_select", staged)
-    monkeypatch.setattr(sidco, "select_abs_at_least", select)
-    monkeypatch.setattr(sidco.SIDCoSelector, "_select_fitting_on_host",
-                        begin(sidco.SIDCoSelector._select_fitting_on_host))
+    monkeypatch.setattr(sidco_device, "select_abs_at_least", select)
+    monkeypatch.setattr(sidco_device.HostFits, "select", begin(sidco_device.HostFits.select))
     return calls
 
 
@@ -737,13 +736,14 @@ def test_sidco_multilevel_keeps_k_on_heavy_tails(selection_path):
 
 
 def test_sidco_sample_covers_a_small_tensor_to_its_end(selection_path):
-    """The host path's strata tile the whole tensor (``_tiling_sample_size``): with 8192 strata
+    """The host path's strata tile the whole tensor (``sidco_host.tiling_sample_size``): with 8192 strata
     of ``n // 8192`` entries, a 12,329-entry payload was sampled only in its first 8192 entries.
     Here the last third's magnitudes are 1.5x the rest's; SIDCo must still keep about k, without
     the exact fallback (the native path kept 1.35 of k at CF 5 before)."""
     from horovod_gravac.selection.fits import DISTRIBUTIONS
-    from horovod_gravac.selection.sidco import SIDCoSelector, _tiling_sample_size
-    assert [_tiling_sample_size(n) for n in (8192, 12329, 1 << 20)] == [8192, 6164, 8192]
+    from horovod_gravac.selection.sidco import SIDCoSelector
+    from horovod_gravac.selection.sidco_host import tiling_sample_size
+    assert [tiling_sample_size(n) for n in (8192, 12329, 1 << 20)] == [8192, 6164, 8192]
     g = torch.Generator().manual_seed(8)
     t = torch.cat([torch.randn(8192, generator=g), torch.randn(4137, generator=g) * 1.5])
     for dist in DISTRIBUTIONS:
