@@ -64,12 +64,14 @@ import horovod.torch as hvd
 from . import checkpoint, comm
 from .accounting import StepRecord
 from .buckets import Bucket, grouped_buckets, make_buckets
-from .compressors.base import FLOAT_DTYPES, GradientCompressor, check_cf
+from .cf import check_cf
+from .compressors.base import GradientCompressor
 from .compressors.topk import TopKCompressor
 from .consensus import make_exchange, observe_step, sync_first_step
 from .controllers import Controller, Dense, StaticCF
 from .encoder import BucketEncoder, finite_tensor
 from .error_feedback import ErrorFeedback, IntervalSum
+from .selection.payload import FLOAT_DTYPES
 from .sparse import SparseGradients
 from .transfers import Link, WarmStarts
 

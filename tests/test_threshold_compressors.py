@@ -8,9 +8,9 @@ import horovod_gravac
 from horovod_gravac.compressors import (DGCCompressor, RedSyncCompressor, SIDCoCompressor, SparseCompressor,
                                         kept_count)
 from horovod_gravac.selection import kernels
-from horovod_gravac.compressors.dgc import exceedance_moments, select_abs_at_least
-from horovod_gravac.compressors.redsync import redsync_search
-from horovod_gravac.compressors.sidco import fitted_excess, gamma_upper_quantile
+from horovod_gravac.selection.fits import fitted_excess, gamma_upper_quantile
+from horovod_gravac.selection.kernels import exceedance_moments, select_abs_at_least
+from horovod_gravac.selection.redsync import redsync_search
 
 FACTORIES = {
     "dgc": lambda cf, **kw: DGCCompressor(cf, **kw),

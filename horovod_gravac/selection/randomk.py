@@ -167,9 +167,9 @@ class RandomKSelector(Selector):
         self._stream = 0
         self._draws = 0   # draws since set_step: compress, then compress_further, each its own key
 
-    def __repr__(self) -> str:
+    def repr_args(self) -> str:
         # The seed is part of the identity: ranks with different seeds must not pair up.
-        return f"{type(self).__name__}(cf={self.cf:g}, seed={self.seed})"
+        return f"cf={self.cf:g}, seed={self.seed}"
 
     def set_step(self, step: int, stream: int = 0) -> None:
         """Key the next draws by (step, stream): the same on every rank, so indices agree."""

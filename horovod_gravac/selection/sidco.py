@@ -147,9 +147,9 @@ class SIDCoSelector(ThresholdSelector):
         self._host_stages, self._native_stages = HostStages(self), NativeStages(self)
         self._host_fits, self._device_fits = HostFits(self), DeviceFits(self)
 
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(cf={self.cf:g}, distribution={self.distribution!r}, "
-                f"stages={self.stages!r}, device_fits={self.device_fits!r})")
+    def repr_args(self) -> str:
+        return (f"cf={self.cf:g}, distribution={self.distribution!r}, stages={self.stages!r}, "
+                f"device_fits={self.device_fits!r}")
 
     def stage_dist(self, stage: int) -> str:
         """The distribution fitted at ``stage`` (1-based)."""
