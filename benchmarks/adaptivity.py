@@ -9,7 +9,7 @@ each rank in its own network namespace behind a tbf-shaped link)::
     python -m benchmarks.adaptivity --workloads cnn1d-digits --rates 100mbit
     python -m benchmarks.adaptivity --report-only        # re-analyse the runs on disk
 
-Workloads (presets of ``horovod_gravac.train``; all gradients dense):
+Workloads (presets of ``horovod_gravac.harness.train``; all gradients dense):
 
 * ``digits``          the demo's TinyCNN preset (38k parameters): compute-bound;
 * ``tinylstm-pydoc``  the LSTM preset, a word-level 2-layer LSTM on CPython's pydoc text;
