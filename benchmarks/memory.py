@@ -106,9 +106,9 @@ def build(args):
 
 def modes():
     import horovod_gravac as hg
-    from horovod_gravac.controllers import Decision
+    from horovod_gravac.controllers import Decision, PaperGraVAC
 
-    class PinnedGraVAC(hg.GraVAC):
+    class PinnedGraVAC(PaperGraVAC):
         """GraVAC doing all its per-step work but held at one decision (both levels used)."""
 
         def __init__(self, theta_min, candidate):

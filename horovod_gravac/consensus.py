@@ -77,8 +77,7 @@ class _Exchange:
     def _fill_stats(self, stats: dict) -> None:
         """The consensus keys of ``optimizer.stats`` (``CONSENSUS_STATS``), once decided."""
         ctrl = self.controller
-        stats.update({"gain_min": getattr(ctrl, "gain_min", None),
-                      "gain_candidate": getattr(ctrl, "gain_candidate", None),
+        stats.update({"gain_min": ctrl.gain_min, "gain_candidate": ctrl.gain_candidate,
                       "system_throughput": ctrl.last.get("system_throughput"),
                       "compression_throughput": ctrl.last.get("compression_throughput"),
                       "next_cf": ctrl.decision.send_cf})

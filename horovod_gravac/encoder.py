@@ -19,9 +19,10 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from .accounting import StepRecord
-from .compressors.base import GradientCompressor, SparsePayload
+from .compressors.base import GradientCompressor
 from .controllers import DENSE, Controller, Decision
 from .error_feedback import ErrorFeedback, IntervalSum
+from .selection.payload import SparsePayload
 from .transfers import (DenseAllreduce, Link, LowRankTransfer, PairExchange, SharedIndexAllreduce,
                         SlottedSparse, SparseAllgather, Transfer, WarmStarts)
 from .wire import StepStats

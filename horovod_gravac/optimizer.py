@@ -9,7 +9,7 @@ wrapped optimizer (``isinstance(opt, torch.optim.SGD)`` still holds), and
 ``hvd.broadcast_optimizer_state`` initialising state without a distributed step.
 
 What it adds, per bucket of gradients and step (``encoder.py`` does steps 1-3 and 5;
-see ``controllers.py`` for who decides):
+see ``controllers/`` for who decides):
 
 1. g_ef = g + residual                        (error feedback, ``error_feedback.py``)
 2. g_min = C(g_ef, theta_min)                 (first level)
@@ -64,12 +64,14 @@ import horovod.torch as hvd
 from . import checkpoint, comm
 from .accounting import StepRecord
 from .buckets import Bucket, grouped_buckets, make_buckets
-from .compressors.base import FLOAT_DTYPES, GradientCompressor, check_cf
+from .cf import check_cf
+from .compressors.base import GradientCompressor
 from .compressors.topk import TopKCompressor
 from .consensus import make_exchange, observe_step, sync_first_step
 from .controllers import Controller, Dense, StaticCF
 from .encoder import BucketEncoder, finite_tensor
 from .error_feedback import ErrorFeedback, IntervalSum
+from .selection.payload import FLOAT_DTYPES
 from .sparse import SparseGradients
 from .transfers import Link, WarmStarts
 
@@ -149,9 +151,7 @@ class _ElasticSupport:
         follows it.  Returns whether it changed."""
         changed = n != self._link.world
         self._link.world = n
-        ctrl = self.controller
-        if hasattr(ctrl, "set_world_size"):
-            ctrl.set_world_size(n)   # GraVAC: EWMA factor N/100 unless ewma_alpha was given
+        self.controller.set_world_size(n)   # GraVAC: EWMA factor N/100 unless ewma_alpha was given
         return changed
 
     def mark_state_synced(self) -> None:
@@ -258,8 +258,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             nonfinite=opts["nonfinite"], grad_scaler=self._grad_scaler,
             local_clip_norm=self.local_clip_norm, join_safe=self._join_safe,
             fp16_wire=hvd.Compression.fp16, pair_exchange=bool(opts["check_consistency"]))
-        if hasattr(controller, "set_world_size"):
-            controller.set_world_size(self.world_size)
+        controller.set_world_size(self.world_size)
         self._exchange = make_exchange(controller, self._prefix, self._timeout, self.process_set,
                                        self._join_safe, self._shared_seed)
         if opts["check_consistency"] and self._included and self.world_size > 1:

@@ -43,8 +43,8 @@ import torch
 
 from . import comm
 from .cf import kept_count
-from .compressors.base import SparsePayload
 from .compressors.powersgd import orthonormalize
+from .selection.payload import SparsePayload
 from .wire import N_STATS
 
 

@@ -1,5 +1,5 @@
 """The library / application split: the training harness lives in horovod_gravac.harness,
-the library never imports it, and the old module paths still work."""
+the library never imports it, and its modules have no second path."""
 import ast
 import importlib
 import os
@@ -31,10 +31,9 @@ def _imports(path):
 
 
 def test_the_library_does_not_import_the_harness():
-    shims = {PKG / f"{m}.py" for m in MOVED}
     offenders = []
     for path in sorted(PKG.rglob("*.py")):
-        if "harness" in path.relative_to(PKG).parts or path in shims:
+        if "harness" in path.relative_to(PKG).parts:
             continue
         bad = [n for n in _imports(path) if n == "horovod_gravac.harness" or
                n.startswith("horovod_gravac.harness.") or
@@ -45,17 +44,15 @@ def test_the_library_does_not_import_the_harness():
 
 
 @pytest.mark.parametrize("name", MOVED)
-def test_old_module_paths_are_the_moved_modules(name):
-    pytest.importorskip("torch")
-    old = importlib.import_module(f"horovod_gravac.{name}")
-    new = importlib.import_module(f"horovod_gravac.harness.{name}")
-    assert old is new
+def test_harness_modules_have_one_path(name):
+    assert not (PKG / f"{name}.py").exists()
+    with pytest.raises(ImportError):
+        importlib.import_module(f"horovod_gravac.{name}")
 
 
-@pytest.mark.parametrize("module", ["horovod_gravac.train", "horovod_gravac.harness.train",
-                                    "horovod_gravac.demo", "horovod_gravac.harness.demo",
-                                    "horovod_gravac.report", "horovod_gravac.harness.report"])
-def test_python_dash_m_old_and_new_paths(module):
+@pytest.mark.parametrize("module", ["horovod_gravac.harness.train", "horovod_gravac.harness.demo",
+                                    "horovod_gravac.harness.report"])
+def test_python_dash_m(module):
     pytest.importorskip("torch")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True,

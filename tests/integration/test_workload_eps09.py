@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from horovod_gravac.harness import data as gd
 from horovod_gravac.harness import train as T
-from horovod_gravac.compressors.topk import TopKCompressor
+from horovod_gravac.compressors import TopKCompressor
 from horovod_gravac.harness.models import HashedNGram, build_model
 from horovod_gravac.harness.runlog import load_run
 from launcher import ROOT, horovodrun_cmd, run_with_timeout

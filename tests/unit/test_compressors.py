@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from horovod_gravac.compressors import RandomKCompressor, SparseCompressor, TopKCompressor, kept_count
-from horovod_gravac.compressors.randomk import stratified_indices
-from horovod_gravac.compressors.topk import topk_indices
+from horovod_gravac.selection.sampling import stratified_indices
+from horovod_gravac.selection.topk import topk_indices
 from horovod_gravac.error_feedback import ErrorFeedback
 
 
@@ -265,7 +265,7 @@ def test_stratified_strata_interleave_long_and_short():
 def test_stratified_draw_one_exact_uniform_draw_per_stratum(numel, k):
     """Random-k's drawer: unique, sorted, int32, one index in each stratum of
     stratified_indices (floor(i * numel / k) ...), every position reachable."""
-    from horovod_gravac.compressors.randomk import stratified_draw
+    from horovod_gravac.selection.randomk import stratified_draw
     kk = min(k, numel)
     starts = [i * numel // kk for i in range(kk + 1)]
     seen = torch.zeros(numel)
@@ -359,7 +359,7 @@ def test_decompress_native_and_torch_paths_agree_and_reject_bad_indices():
     # float32 on the CPU writes with the native scatter; other dtypes with index_put_.
     from horovod_gravac import native
     from horovod_gravac.compressors import TopKCompressor
-    from horovod_gravac.compressors.base import SparsePayload
+    from horovod_gravac.compressors import SparsePayload
     comp = TopKCompressor(10)
     t = torch.randn(50_000)
     payload, ctx = comp.compress(t)

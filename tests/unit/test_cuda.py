@@ -296,6 +296,7 @@ def test_sidco_keeps_k_on_heavy_tails_and_sparse_buckets_on_cuda():
     with no stage fitted on a pass over the bucket (tests/unit/test_host_syncs.py, the same cases
     on the CPU's paths)."""
     import horovod_gravac.selection.sidco as sidco
+    import horovod_gravac.selection.sidco_device as sidco_device
     from horovod_gravac.selection.fits import DISTRIBUTIONS
     torch.manual_seed(6)
     heavy = torch.distributions.StudentT(3.0).sample((1 << 20,)).cuda()
@@ -303,8 +304,8 @@ def test_sidco_keeps_k_on_heavy_tails_and_sparse_buckets_on_cuda():
     rows[torch.randperm(2000)[:40]] = torch.randn(40, 150)
     sparse = rows.view(-1).cuda()
     passes = []
-    real_pass = sidco.exceedance_moments
-    sidco.exceedance_moments = lambda x, *a, **kw: passes.append(x.numel()) or real_pass(x, *a, **kw)
+    real_pass = sidco_device.exceedance_moments
+    sidco_device.exceedance_moments = lambda x, *a, **kw: passes.append(x.numel()) or real_pass(x, *a, **kw)
     try:
         for dist in DISTRIBUTIONS:
             for t, cfs in ((heavy, (30, 50, 300)), (sparse, (100, 1000))):
@@ -317,7 +318,7 @@ def test_sidco_keeps_k_on_heavy_tails_and_sparse_buckets_on_cuda():
                         assert got.device.type == "cuda"
                         assert 0.85 <= got.numel() / k <= 1.15, (dist, t.numel(), cf, step, got.numel() / k)
     finally:
-        sidco.exceedance_moments = real_pass
+        sidco_device.exceedance_moments = real_pass
     assert passes == [], passes[:4]
 
 

@@ -13,10 +13,11 @@ from horovod_gravac import native
 from horovod_gravac.compressors import DGCCompressor, RedSyncCompressor, SIDCoCompressor, kept_count
 from horovod_gravac.selection import kernels
 from horovod_gravac.selection.sidco import SIDCoSelector
-from horovod_gravac.compressors.dgc import exceedance_moments, host_abs_sample
-from horovod_gravac.compressors.redsync import redsync_search
-from horovod_gravac.compressors.sidco import (fitted_excess, fitted_excess_host, gamma_upper_quantile,
-                                              gamma_upper_quantile_host)
+from horovod_gravac.selection.fits import (fitted_excess, fitted_excess_host, gamma_upper_quantile,
+                                           gamma_upper_quantile_host)
+from horovod_gravac.selection.kernels import exceedance_moments
+from horovod_gravac.selection.redsync import redsync_search
+from horovod_gravac.selection.sampling import host_abs_sample
 
 needs_native = pytest.mark.skipif(native._LIB is None, reason="native kernels not built")
 
@@ -191,7 +192,7 @@ def _sidco_inputs():
 
 @needs_native
 def test_sidco_stages_in_c_select_what_the_python_stages_select(native_on, monkeypatch):
-    """``native.sidco_select`` (kernels.c) is ``SIDCoSelector._staged_on_host`` in C: on every input,
+    """``native.sidco_select`` (kernels.c) is ``sidco_host.HostStages.select`` in C: on every input,
     distribution, CF and stage setting both keep the same entries (bit for bit, in the same order),
     fit the same number of stages and make the same streaming passes; and the inputs reach each of
     its branches (a streaming pass, a candidate phase, a selection without one)."""
@@ -306,7 +307,7 @@ def test_compressors_take_the_host_path_for_cpu_float32(native_on, monkeypatch, 
         raise AssertionError("the torch path ran")
 
     comp = make(cf)
-    monkeypatch.setattr(type(comp), "_select", torch_path)
+    monkeypatch.setattr(type(comp.selector), "_select", torch_path)
     x = laplace(300_000, 2)
     payload, _ = comp.compress(x)
     assert 0.8 <= comp.last_quality <= 1.25

@@ -353,10 +353,10 @@ def test_sidco_host_fits_copy_at_most_twice_and_launch_few_ops(dist, accelerator
     candidates to the host, and fits there: at most 2 copies + 2 ``nonzero`` per call, the
     same at every size and CF, and a few dozen tensor operations instead of the device-side
     fits' hundreds to thousands (each a kernel launch on a GPU)."""
-    import horovod_gravac.selection.sidco as sidco
+    import horovod_gravac.selection.sidco_device as sidco_device
     copies = []
-    real = sidco._to_host
-    monkeypatch.setattr(sidco, "_to_host", lambda t: copies.append(t.numel()) or real(t))
+    real = sidco_device._to_host
+    monkeypatch.setattr(sidco_device, "_to_host", lambda t: copies.append(t.numel()) or real(t))
 
     class OpCounter(SyncCounter):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -591,12 +591,12 @@ def test_embedding_like_buckets_send_their_nonzeros_cheaply(selection_path, monk
 def sidco_passes(monkeypatch):
     """The sizes of the tensors SIDCo fits a stage on by a streaming pass, on every path."""
     import horovod_gravac.native as native
-    import horovod_gravac.selection.sidco as sidco
+    import horovod_gravac.selection.sidco_device as sidco_device
     passes = []
-    real_native, real_torch, real_staged = native.exceedance_moments, sidco.exceedance_moments, native.sidco_select
+    real_native, real_torch, real_staged = native.exceedance_moments, sidco_device.exceedance_moments, native.sidco_select
     monkeypatch.setattr(native, "exceedance_moments",
                         lambda x, *a, **kw: passes.append(x.size) or real_native(x, *a, **kw))
-    monkeypatch.setattr(sidco, "exceedance_moments",
+    monkeypatch.setattr(sidco_device, "exceedance_moments",
                         lambda x, *a, **kw: passes.append(x.numel()) or real_torch(x, *a, **kw))
 
     def staged(x, *args, **kwargs):   # the CPU host path's stages in C: the passes it reports
@@ -647,7 +647,7 @@ def test_sidco_gathers_rather_than_passes_when_a_heavy_tail_defeats_its_sample_f
     from 512K entries (``_GATHER_NOT_PASS_MIN``) it is now gathered at once (at most 400 n / 8192
     entries) and the candidate phase's exact counts finish the stages, within [0.85, 1.15] of k.
     Captured gradients behave the same way."""
-    from horovod_gravac.selection.sidco import _GATHER_NOT_PASS_MIN
+    from horovod_gravac.selection.sidco_host import _GATHER_NOT_PASS_MIN
     torch.manual_seed(3)
     for df in (1.5, 2.0):
         t = torch.distributions.StudentT(df).sample((_GATHER_NOT_PASS_MIN + 1000,))
@@ -661,9 +661,9 @@ def sidco_gathers(monkeypatch):
     """How many times each SIDCo call gathered its candidates (a select pass over the tensor each),
     on every path."""
     import horovod_gravac.native as native
-    import horovod_gravac.selection.sidco as sidco
+    import horovod_gravac.selection.sidco_device as sidco_device
     calls = []
-    real_staged, real_select = native.sidco_select, sidco.select_abs_at_least
+    real_staged, real_select = native.sidco_select, sidco_device.select_abs_at_least
 
     def staged(*args, **kwargs):
         idx, val, done = real_staged(*args, **kwargs)
@@ -682,9 +682,8 @@ def sidco_gathers(monkeypatch):
         return call
 
     monkeypatch.setattr(native, "sidco_select", staged)
-    monkeypatch.setattr(sidco, "select_abs_at_least", select)
-    monkeypatch.setattr(sidco.SIDCoSelector, "_select_fitting_on_host",
-                        begin(sidco.SIDCoSelector._select_fitting_on_host))
+    monkeypatch.setattr(sidco_device, "select_abs_at_least", select)
+    monkeypatch.setattr(sidco_device.HostFits, "select", begin(sidco_device.HostFits.select))
     return calls
 
 
@@ -741,13 +740,14 @@ def test_sidco_multilevel_keeps_k_on_heavy_tails(selection_path):
 
 
 def test_sidco_sample_covers_a_small_tensor_to_its_end(selection_path):
-    """The host path's strata tile the whole tensor (``_tiling_sample_size``): with 8192 strata
+    """The host path's strata tile the whole tensor (``sidco_host.tiling_sample_size``): with 8192 strata
     of ``n // 8192`` entries, a 12,329-entry payload was sampled only in its first 8192 entries.
     Here the last third's magnitudes are 1.5x the rest's; SIDCo must still keep about k, without
     the exact fallback (the native path kept 1.35 of k at CF 5 before)."""
     from horovod_gravac.selection.fits import DISTRIBUTIONS
-    from horovod_gravac.selection.sidco import SIDCoSelector, _tiling_sample_size
-    assert [_tiling_sample_size(n) for n in (8192, 12329, 1 << 20)] == [8192, 6164, 8192]
+    from horovod_gravac.selection.sidco import SIDCoSelector
+    from horovod_gravac.selection.sidco_host import tiling_sample_size
+    assert [tiling_sample_size(n) for n in (8192, 12329, 1 << 20)] == [8192, 6164, 8192]
     g = torch.Generator().manual_seed(8)
     t = torch.cat([torch.randn(8192, generator=g), torch.randn(4137, generator=g) * 1.5])
     for dist in DISTRIBUTIONS:

@@ -274,7 +274,7 @@ def test_degenerate_tensors(cls, dist, dtype):
 def test_randomk_indices_are_unique():
     """Regression: test_sparse_round_trip found Random-k repeating an index (n=18, cf=1.5)
     when numel/k was not an integer; the sparse allgather path added it twice."""
-    from horovod_gravac.compressors.randomk import stratified_indices
+    from horovod_gravac.selection.sampling import stratified_indices
     for n, k in ((18, 12), (1000, 300)):
         for seed in range(20):
             idx = stratified_indices(n, k, torch.Generator().manual_seed(seed))

@@ -8,9 +8,9 @@ import horovod_gravac
 from horovod_gravac.compressors import (DGCCompressor, RedSyncCompressor, SIDCoCompressor, SparseCompressor,
                                         kept_count)
 from horovod_gravac.selection import kernels
-from horovod_gravac.compressors.dgc import exceedance_moments, select_abs_at_least
-from horovod_gravac.compressors.redsync import redsync_search
-from horovod_gravac.compressors.sidco import fitted_excess, gamma_upper_quantile
+from horovod_gravac.selection.fits import fitted_excess, gamma_upper_quantile
+from horovod_gravac.selection.kernels import exceedance_moments, select_abs_at_least
+from horovod_gravac.selection.redsync import redsync_search
 
 FACTORIES = {
     "dgc": lambda cf, **kw: DGCCompressor(cf, **kw),
@@ -139,17 +139,18 @@ def test_sidco_refinement_bisects_once_it_has_bracketed_k():
     at threshold 0, keeping every nonzero)."""
     import numpy as np
     from horovod_gravac.selection.fits import fitted_excess_host
-    from horovod_gravac.selection.sidco import SIDCoSelector, _moments_of
+    from horovod_gravac.selection.sidco import SIDCoSelector
+    from horovod_gravac.selection.sidco_host import HostStages, moments_of
     rng = np.random.default_rng(0)
     sample = np.concatenate([rng.uniform(0, 1e-4, 5000), rng.exponential(1e-3, 3192)]).astype(np.float32)
-    sampled = _moments_of(sample)
-    selector = SIDCoSelector(1000.0)   # refine=6, tolerance=0.05
+    sampled = moments_of(sample)
+    stages = HostStages(SIDCoSelector(1000.0))   # refine=6, tolerance=0.05
     moments = sampled(0.0, False)
     for target in (1000, 2048, 4000, 4500):
         density = target / moments[0]
         first = fitted_excess_host("exponential", moments, density)
-        threshold = selector._refine_host(sampled.count_at_least, float(target), first, 0.0, moments,
-                                          density, "exponential")
+        threshold = stages.refine_threshold(sampled.count_at_least, float(target), first, 0.0, moments,
+                                            density, "exponential")
         kept = sampled.count_at_least(threshold)
         assert abs(kept / target - 1.0) <= 0.05, (target, kept)
 
