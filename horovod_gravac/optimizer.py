@@ -479,8 +479,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def stats(self) -> Dict[str, float]:
-        """What the last step did (see docs/API_CONTRACT.md), the gains and ``next_cf``
-        included: ``step()`` fills them in before it returns."""
+        """What the last step did, the gains and ``next_cf`` included: ``step()`` fills them in
+        before it returns (the keys: docs/architecture.md, "What a step reports")."""
         return self._stats
 
     @property
@@ -723,7 +723,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             an allgather), sparse gradients are densified, and adaptive controllers agree
             through one small blocking allreduce at the start of each step.
 
-    After each step, ``optimizer.stats`` describes it (see docs/API_CONTRACT.md).
+    After each step, ``optimizer.stats`` describes it (its keys: docs/architecture.md, "What a step
+    reports").
     """
     if is_gravac_compressor(compression):
         if compressor is not None:

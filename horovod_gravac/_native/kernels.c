@@ -262,8 +262,8 @@ int64_t hg_select(const float *x, int64_t n, float t, int strict, double density
             int64_t room = cap > c ? cap - c : 0;
             /* the store-every-step loop from 0.5 % expected survivors (1 % past 8M entries, out of
              * cache, where its stores cost memory traffic): the branch of the other loop is then
-             * mispredicted often enough to cost more, up to 2.4x at 1-3 % (benchmarks/select_loops.py,
-             * select_loops_cpu.txt; the switch was at 2 %, so Top-k at CF 100-200 took the slow loop) */
+             * mispredicted often enough to cost more, up to 2.4x at 1-3 % (the switch was at 2 %, so
+             * Top-k at CF 100-200 took the slow loop) */
             int dense = density > (n > ((int64_t)8 << 20) ? 0.01 : 0.005);
             c += select_avx512(x, n, head, tkey, strict, dense, idx + c, val + c, room, &start);
         }
@@ -642,8 +642,8 @@ static int hg_has_avx512dq(void) {
  * operations on each lane: the truncation is a round toward zero, the casts are exact), and the
  * eight magnitudes gathered.  The scalar loop's double-to-integer conversions and its branch made
  * SIDCo's 8192-entry sample cost 29 us at 1M entries against 19 us this way, and 22 against 9 us
- * at 262K (benchmarks/sample_loops.py, sample_loops_cpu.txt; a fresh shift per call, as in use:
- * with one shift repeated, the scalar loop's reads stay in cache and it looks faster than it is).
+ * at 262K, measured with a fresh shift per call as in use (with one shift repeated, the scalar
+ * loop's reads stay in cache and it looks faster than it is).
  * Returns how many it did (a multiple of 8). */
 __attribute__((target("avx512f,avx512dq"))) HG_SAMPLE_NO_CONTRACT
 static int64_t abs_sample_avx512(const float *x, int64_t s, int64_t d, double u, double phi, float *out) {

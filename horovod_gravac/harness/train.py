@@ -290,7 +290,7 @@ def make_controller(args):
 
 
 def make_optimizer(args, model: torch.nn.Module):
-    """The one place the distributed optimizer is created (docs/API_CONTRACT.md)."""
+    """The one place the distributed optimizer is created."""
     from ..optimizer import DistributedOptimizer
     # DGC's momentum correction: the velocity lives in the residual, so the wrapped SGD
     # must be momentum-free.
