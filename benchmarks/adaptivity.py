@@ -9,7 +9,7 @@ each rank in its own network namespace behind a tbf-shaped link)::
     python -m benchmarks.adaptivity --workloads cnn1d-digits --rates 100mbit
     python -m benchmarks.adaptivity --report-only        # re-analyse the runs on disk
 
-Workloads (presets of ``horovod_gravac.train``; all gradients dense):
+Workloads (presets of ``horovod_gravac.harness.train``; all gradients dense):
 
 * ``digits``          the demo's TinyCNN preset (38k parameters): compute-bound;
 * ``tinylstm-pydoc``  the LSTM preset, a word-level 2-layer LSTM on CPython's pydoc text;
@@ -139,7 +139,7 @@ CONFIGS["gravac-delivered-exp-topk-eps0.9"] = ("adaptive", _gravac("delivered", 
 CONFIGS["gravac-delivered-geo-topk-eps0.9"] = ("adaptive", _gravac("delivered", "geometric", "topk", "0.9"))
 # Each new theta_min sent for a window before the rung above is tried (hold_windows=1): on
 # the row LSTM the immediate climb 40 -> 160 -> 1000 -> 160 put three of the first seven
-# windows at 160x or more (see GraVAC._check_delivered).
+# windows at 160x or more (see horovod_gravac/controllers/delivered.py).
 for _pol, _short in (("exponential", "exp"), ("geometric", "geo")):
     for _eps in ("0.7", "0.9"):
         CONFIGS[f"gravac-delivered-{_short}-topk-eps{_eps}-hold1"] = (

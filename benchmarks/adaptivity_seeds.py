@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Time to accuracy across seeds: one table from several ``benchmarks.adaptivity`` outputs.
+"""How do the controllers compare over several seeds?  Time to accuracy across seeds: one
+table from several ``benchmarks.adaptivity`` outputs.
 
 Each directory holds the ``results.csv`` of one seed (``python -m benchmarks.adaptivity
 --seed S --out DIR ...``; a directory may hold one rate or both).  For every workload and
@@ -8,9 +9,9 @@ and its median ratio to static Top-k 10x; the last column compares two configura
 head to head (``--a`` against ``--b``: the share of seeds where ``a`` was at least as fast,
 a miss counting as slowest)::
 
-    python -m benchmarks.adaptivity_seeds --dirs benchmarks/results/adaptivity_owed,\\
-        benchmarks/results/adaptivity_owed_1gbit,benchmarks/results/adaptivity_seed1,... \\
-        --labels 42,42,1,2 --out benchmarks/results/adaptivity_seeds.md
+    python -m benchmarks.adaptivity --seed 42 --out /tmp/seed42      # and 1, 2: one folder each
+    python -m benchmarks.adaptivity_seeds --dirs /tmp/seed42,/tmp/seed1,/tmp/seed2 --labels 42,1,2 \\
+        --configs topk-cf10,gravac-ladder-exp-topk-eps0.7 --out benchmarks/results/adaptivity_seeds.md
 """
 from __future__ import annotations
 
@@ -121,7 +122,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(text, end="")
     if args.out:
         with open(args.out, "w") as f:
-            f.write(f"<!-- python -m benchmarks.adaptivity_seeds --dirs {args.dirs} --labels {args.labels} -->\n\n"
+            f.write(f"<!-- python -m benchmarks.adaptivity_seeds --dirs {args.dirs} --labels {args.labels} "
+                    f"--configs {args.configs} --a {args.a} --b {args.b} -->\n\n"
                     + text)
     return 0
 

@@ -1,13 +1,14 @@
-"""Compressor benchmark: cost against a streaming pass and against exact Top-k over a sweep
-of tensor sizes, estimation quality, wire bytes, and multi-level versus direct compression
-(the GraVAC paper's Table 3).
+"""What does each compressor cost against exact Top-k and a streaming pass, how close does it
+keep to k, and what does multi-level compression save?  Cost over a sweep of tensor sizes,
+estimation quality, wire bytes, and multi-level versus direct compression (the GraVAC paper's
+Table 3).
 
     .venv/bin/python -m benchmarks.compressors --sweep-only    # the size sweep, ~2 min
     .venv/bin/python -m benchmarks.compressors --sweep-only --out benchmarks/results/compressors_sweep
     .venv/bin/python -m benchmarks.compressors --sweep-only --device cuda --out /tmp/sweep_gpu
     .venv/bin/python -m benchmarks.compressors                 # sweep, then tables 1-3 at 25M entries
     .venv/bin/python -m benchmarks.compressors --no-sweep --numel 2000000 --repeats 3   # quick look
-    .venv/bin/python -m benchmarks.compressors --no-sweep --csv results/compressors.csv
+    .venv/bin/python -m benchmarks.compressors --no-sweep --csv /tmp/c.csv > benchmarks/results/compressors.txt
 
 Size sweep (table 0).  The optimizer compresses buckets of at most 6.5M float32 entries
 (``bucket_cap_mb=25``), often far fewer; there a streaming pass runs in cache and the fixed
@@ -498,7 +499,7 @@ def run_sweep(args, rows) -> int:
 
 
 def sweep_markdown(rows) -> str:
-    """The size sweep as the README's two Markdown tables (compress alone; compress +
+    """The size sweep as two Markdown tables (compress alone; compress +
     decompress into a reused buffer): per size (largest bucket first, 25M last) and
     compressor, CF 10 / 100 / 1000 as the ratio to exact Top-k with the ratio to the pass
     in brackets (Top-k: the pass ratio only)."""
@@ -624,7 +625,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         failures += run_sweep(args, rows)
         print(f"# size sweep: {time.perf_counter() - t0:.0f} s")
-        print("\n# the sweep as the README quotes it (ratio to exact Top-k, to the pass in brackets)\n")
+        print("\n# the sweep as two tables (ratio to exact Top-k, to the pass in brackets)\n")
         print(sweep_markdown(rows))
     if not cpu_tables:
         return finish(args, rows, failures)

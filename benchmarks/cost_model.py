@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Alpha-beta cost model of dense and sparse gradient synchronisation (paper II-A).
+"""What would compression save at the paper's scale (32 workers, 10 Gbit/s)?  An alpha-beta
+cost model of dense and sparse gradient synchronisation (paper II-A).
 
 Collectives (alpha: per-hop latency in s, beta: s per byte, N workers, M bytes):
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""End-to-end benchmark on the emulated constrained network: time to accuracy and floats sent.
+"""How soon does each compressor and controller reach dense accuracy, and with how many
+floats, on a constrained network?  Time to accuracy and floats sent on the emulated network.
 
 Every configuration trains one workload as Horovod Gloo ranks placed in network
 namespaces joined by tbf rate-limited links (:func:`benchmarks.netem.run_ranks`), one

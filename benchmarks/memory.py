@@ -1,4 +1,5 @@
-"""Peak memory of a GraVAC step against a dense step, per rank.
+"""How much memory does each mode take?  Peak memory per rank of GraVAC, static and dense steps
+against ``hvd.DistributedOptimizer``'s.
 
     python -m benchmarks.memory                    # launches itself: horovodrun -np 2 --gloo
     python -m benchmarks.memory --np 3 --model mlp --width 2048
@@ -105,9 +106,9 @@ def build(args):
 
 def modes():
     import horovod_gravac as hg
-    from horovod_gravac.controllers import Decision
+    from horovod_gravac.controllers import Decision, PaperGraVAC
 
-    class PinnedGraVAC(hg.GraVAC):
+    class PinnedGraVAC(PaperGraVAC):
         """GraVAC doing all its per-step work but held at one decision (both levels used)."""
 
         def __init__(self, theta_min, candidate):

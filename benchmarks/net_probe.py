@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Horovod allreduce/allgather bandwidth probe, run through the emulated network.
+"""What bandwidth does Horovod get on the emulated link?  An allreduce/allgather bandwidth
+probe, run through the emulated network (its fit feeds benchmarks/cost_model.py).
 
 Two halves:
 

@@ -1,4 +1,5 @@
-"""Kept count over k of the threshold compressors at every CF GraVAC may pick, not only 10/100/1000.
+"""Do the threshold compressors keep k at every CF GraVAC may pick, not only 10/100/1000?
+Kept count over k, directly and multi-level.
 
     python -m benchmarks.quality_ladder                     # ~10 seconds
     python -m benchmarks.quality_ladder --sizes 1048576 --steps 4 --compressors sidco-exp
@@ -14,7 +15,7 @@ same for multi-level compression, which GraVAC uses to try several CFs in one st
 original size, as the optimizer does).  The target is [0.8, 1.25]; cells outside it are marked
 with '!', and the last line counts them.
 
-Committed output: ``benchmarks/results/quality_ladder.txt``.
+Current output: ``python -m benchmarks.quality_ladder > benchmarks/results/quality_ladder.txt``.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Compress time of embedding-like buckets: fewer nonzeros than the CF's k.
+"""What does compression cost on embedding-like buckets (fewer nonzeros than the CF's k)?
 
     python -m benchmarks.sparse_buckets                       # 6.5M entries, 2 % and 7 % of rows touched
     python -m benchmarks.sparse_buckets --numel 650000 --repeats 5   # a quick look
@@ -13,8 +13,7 @@ rows of ``--width``, the touched rows of normal values.  Each compressor is time
 CPU time, one thread, median of ``--repeats``), with the kept count over k and the selector's
 ``fallbacks`` (calls whose count left [k/2, 2k] and got the exact k largest: none should).
 
-Committed output: ``benchmarks/results/sparse_buckets_send_zeros.txt`` (``sparse_buckets.txt``: the
-run of a6b2827, before the ``topk-nz`` row).
+Current output: ``python -m benchmarks.sparse_buckets > benchmarks/results/sparse_buckets.txt``.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What compression costs per training step on one device, each compressor side by side.
+"""What does each compressor add to a training step on one device?  Plain torch, the dense
+controller and each static compressor side by side.
 
     python -m benchmarks.step_cost --device cuda                      # ResNet101/CIFAR-10, batch 32
     python -m benchmarks.step_cost --device cpu --preset cnn1d-digits --steps 20   # a quick look
@@ -15,7 +16,7 @@ medians over the steps after the first ``--skip`` (warm-up).  Data: the real dat
 ``--data`` or, by default, random data in the real formats
 (``scripts/make_synthetic_datasets.py``; nothing is downloaded).
 
-Measured on an H100: ``benchmarks/results/gpu_h100/call17_step_cost/``.
+The GPU check (``scripts/gpu_check.sh``) runs it; its figures are in docs/gpu.md.
 """
 from __future__ import annotations
 
@@ -25,12 +26,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
 from horovod_gravac.harness import runlog
 
-from .sample_order_stats import median_ms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name -> harness arguments after --preset/--data
@@ -46,6 +47,21 @@ RUNS = {
     "gravac-dgc": ["--controller", "gravac", "--compressor", "dgc", "--window", "10"],
 }
 
+
+def median_ms(fn, device, repeats, warmup=3):
+    """Median wall time of ``fn()`` in ms over ``repeats`` calls after ``warmup`` calls; on a
+    GPU each call is timed between two synchronizations (its kernels, not their launch)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
 
 def plain_step_ms(preset: str, device: str, steps: int, skip: int) -> float | None:
     """Median step of the preset's image model and batch with plain torch SGD, or None

@@ -1,4 +1,5 @@
-"""What ``hg.DistributedOptimizer`` adds to a training step: dispatched operations and host time.
+"""What does ``hg.DistributedOptimizer`` add to a training step?  Dispatched operations and
+host time, over plain torch.
 
     .venv/bin/python -m benchmarks.step_launches                 # CPU: the accelerators' paths, emulated
     python -m benchmarks.step_launches --device cuda             # on a GPU
@@ -18,7 +19,7 @@ This counts, per step, what the optimizer's bucket hooks and ``step()`` add to p
   dispatch, not arithmetic: the time is the host overhead a launch-bound GPU step would see.
 
 One rank (Horovod's own optimizer adds nothing with one rank; this package's hooks still run).
-On the CPU the accelerators' code paths are forced, as ``tests/test_host_syncs.py`` does
+On the CPU the accelerators' code paths are forced, as ``tests/unit/test_host_syncs.py`` does
 (``--path cpu``: the CPU's own).  Rows: the dense controller, DGC and Top-k at 10x, and GraVAC
 with DGC.  Models: the harness's ResNet101 (314 tensors) and VGG16 (32), at ``--width``
 (default: the paper's size on a GPU; ResNet101 stem 8 and VGG16 x0.125 on the CPU, where
@@ -36,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 #: The aten operations that make an accelerator wait for the host (a result whose size or
-#: value Python needs); tests/test_host_syncs.py counts with the same set.
+#: value Python needs); tests/unit/test_host_syncs.py counts with the same set.
 SYNC_OPS = {"aten::nonzero", "aten::nonzero_static", "aten::masked_select", "aten::_local_scalar_dense",
             "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_consecutive",
             "aten::unique_dim", "aten::repeat_interleave", "aten::is_nonzero", "aten::equal"}
@@ -62,7 +63,7 @@ class OpCounter(TorchDispatchMode):
 
 def selection_accelerator_patches():
     """``(module, attribute, replacement)``: the selectors' accelerator paths on CPU tensors
-    (tests/test_host_syncs.py's ``accelerator_path`` fixture applies the same)."""
+    (tests/unit/test_host_syncs.py's ``accelerator_path`` fixture applies the same)."""
     import horovod_gravac.selection.base as selection_base
     import horovod_gravac.selection.kernels as kernels
     import horovod_gravac.selection.redsync as redsync

@@ -8,13 +8,17 @@
 #    into the image: without the mount there is no key and sshd is not started.
 # 2. sshd on port $SSH_PORT (default 12345, the port the image's ssh client also
 #    uses), with host keys generated per container at first start. GRAVAC_SSHD=0
-#    skips it; GRAVAC_SSHD=1 starts it even without mounted keys.
+#    skips it; GRAVAC_SSHD=1 starts it even without mounted keys. GRAVAC_SSH_LISTEN
+#    (default: every address) binds it to one address, so that several containers
+#    sharing one network namespace (--network host on one machine) each have their own
+#    sshd on the same port: docker/two_containers.sh.
 # 3. exec the command (default: bash). `sleep infinity` keeps a worker container up.
 set -euo pipefail
 
 keys="${GRAVAC_SSH_KEYS:-/ssh-keys}"
 port="${SSH_PORT:-12345}"
 want_sshd="${GRAVAC_SSHD:-auto}"
+listen="${GRAVAC_SSH_LISTEN:-}"
 
 if [ -d "$keys" ]; then
   install -d -m 700 /root/.ssh
@@ -48,8 +52,12 @@ if [ "$want_sshd" = 1 ]; then
     >/etc/ssh/sshd_config.d/60-gravac-env.conf
   # Outgoing ssh (horovodrun, mpirun) uses the same port as this sshd.
   printf 'Host *\n    Port %s\n' "$port" >/etc/ssh/ssh_config.d/40-gravac-port.conf
-  /usr/sbin/sshd -p "$port"
-  echo "[entrypoint] sshd listening on port $port" >&2
+  if [ -n "$listen" ]; then
+    /usr/sbin/sshd -p "$port" -o "ListenAddress=$listen"
+  else
+    /usr/sbin/sshd -p "$port"
+  fi
+  echo "[entrypoint] sshd listening on ${listen:-every address}, port $port" >&2
 fi
 
 if [ "$#" -eq 0 ]; then

@@ -4,7 +4,8 @@ Replace ``hvd.DistributedOptimizer(opt, named_parameters=...)`` with
 ``horovod_gravac.DistributedOptimizer(opt, named_parameters=..., compressor=TopKCompressor,
 controller=GraVAC(theta_min=10, theta_max=1000, epsilon=0.7))``.
 """
-from .controllers import Accordion, Controller, Decision, Dense, GraVAC, StaticCF, StepObservation
+from .controllers import (Accordion, Controller, Decision, DeliveredGraVAC, Dense, GraVAC, LadderGraVAC, PaperGraVAC,
+                          StaticCF, StepObservation)
 from .policy import Exponential, Geometric
 
 __version__ = "0.1.0"
@@ -36,5 +37,6 @@ def __getattr__(name):
 
 __all__ = ["DistributedOptimizer", "ddp", "TopKCompressor", "PowerSGDCompressor", "DGCCompressor",
            "RedSyncCompressor", "SIDCoCompressor", "RandomKCompressor", "SparseCompressor",
-           "SparsePayload", "SparseContext", "Dense", "StaticCF", "GraVAC", "Accordion",
+           "SparsePayload", "SparseContext", "Dense", "StaticCF", "GraVAC", "PaperGraVAC", "LadderGraVAC",
+           "DeliveredGraVAC", "Accordion",
            "Controller", "Decision", "StepObservation", "Exponential", "Geometric"]

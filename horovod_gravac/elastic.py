@@ -74,8 +74,8 @@ def reset_for_new_world(optimizer) -> None:
     ``hvd.shutdown(); hvd.init()``).  See the module docstring for what is reset."""
     optimizer.drop_in_flight()
     optimizer.reset_residuals()   # residuals, velocities, interval sums: zero; warm starts: seeded
-    if optimizer.set_world_size(hvd.size()) and hasattr(optimizer.controller, "throughput"):
-        optimizer.controller.throughput.reset()
+    if optimizer.set_world_size(hvd.size()) and optimizer.controller.throughput is not None:
+        optimizer.controller.throughput.reset()   # measured in the old world
 
 
 def sync_optimizer_state(optimizer, root_rank: int = 0) -> None:

@@ -264,13 +264,13 @@ class MomentsOf:
 
 
 def sidco_select(x: np.ndarray, sample: np.ndarray, k: int, settings) -> Tuple[np.ndarray, np.ndarray, dict]:
-    """SIDCo's whole host path after its sample (``SIDCoSelector._staged_on_host`` in C, the same
+    """SIDCo's whole host path after its sample (``sidco_host.HostStages.select`` in C, the same
     selection): the entries of ``x`` it keeps as ``(idx, val)``, ascending, and what the call did
     (``threshold``, ``stages``, ``passes``: streaming passes over ``x`` that fitted a stage,
     ``candidates``: how many were gathered, 0 without a candidate phase, ``gathers``: how many
     times, a select pass over ``x`` each).  ``sample``: the float32
     host sample (``sampling.host_abs_sample``); ``settings``: the selector's settings in the order
-    of ``kernels.c``'s ``HG_S_*`` up to ``HG_S_SIMD`` (``SIDCoSelector._native_settings``).  Both arrays must pass
+    of ``kernels.c``'s ``HG_S_*`` up to ``HG_S_SIMD`` (``sidco_native.NativeStages.settings``).  Both arrays must pass
     :func:`usable`."""
     cap = max(0, min(int(k * 1.25) + 64, x.size))
     idx = _aligned_empty(cap + SLACK, np.int32)

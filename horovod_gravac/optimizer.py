@@ -9,7 +9,7 @@ wrapped optimizer (``isinstance(opt, torch.optim.SGD)`` still holds), and
 ``hvd.broadcast_optimizer_state`` initialising state without a distributed step.
 
 What it adds, per bucket of gradients and step (``encoder.py`` does steps 1-3 and 5;
-see ``controllers.py`` for who decides):
+see ``controllers/`` for who decides):
 
 1. g_ef = g + residual                        (error feedback, ``error_feedback.py``)
 2. g_min = C(g_ef, theta_min)                 (first level)
@@ -63,7 +63,7 @@ import horovod.torch as hvd
 from . import checkpoint
 from .accounting import StepRecord
 from .buckets import Bucket, BucketLayout, BucketSet
-from .compressors.base import FLOAT_DTYPES, GradientCompressor
+from .compressors.base import GradientCompressor
 from .consensus import check_agreement, make_exchange, observe_step, sync_first_step
 from .controllers import Controller, Dense, StaticCF
 from .encoder import BucketEncoder, EncoderSettings
@@ -72,6 +72,7 @@ from .horovod_backend import HorovodBackend
 from .lowrank import PowerSGDState
 from .options import OptimizerOptions, check_passes, is_gravac_compressor
 from .pipeline import BucketPipeline
+from .selection.payload import FLOAT_DTYPES
 from .sparse import SparseGradients
 from .transfers import Link
 
@@ -178,9 +179,7 @@ class _ElasticSupport:
         follows it.  Returns whether it changed."""
         changed = n != self._link.world
         self._link.world = n
-        ctrl = self.controller
-        if hasattr(ctrl, "set_world_size"):
-            ctrl.set_world_size(n)   # GraVAC: EWMA factor N/100 unless ewma_alpha was given
+        self.controller.set_world_size(n)   # GraVAC: EWMA factor N/100 unless ewma_alpha was given
         return changed
 
     def mark_state_synced(self) -> None:
@@ -325,8 +324,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                                       powersgd=self._powersgd, compressor_factory=options.compressor_factory,
                                       prefix=self._prefix)
         self._pipeline = BucketPipeline(self._buckets, self._encoder, self._memory, self._interval, controller)
-        if hasattr(controller, "set_world_size"):
-            controller.set_world_size(self.world_size)
+        controller.set_world_size(self.world_size)
         self._exchange = make_exchange(controller, self._prefix, self._timeout, backend, self._join_safe,
                                        self._shared_seed)
         if options.check_consistency and self._included and self.world_size > 1:
@@ -481,8 +479,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def stats(self) -> Dict[str, float]:
-        """What the last step did (see docs/API_CONTRACT.md), the gains and ``next_cf``
-        included: ``step()`` fills them in before it returns."""
+        """What the last step did, the gains and ``next_cf`` included: ``step()`` fills them in
+        before it returns (the keys: docs/architecture.md, "What a step reports")."""
         return self._stats
 
     @property
@@ -711,7 +709,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             an allgather), sparse gradients are densified, and adaptive controllers agree
             through one small blocking allreduce at the start of each step.
 
-    After each step, ``optimizer.stats`` describes it (see docs/API_CONTRACT.md).
+    After each step, ``optimizer.stats`` describes it (its keys: docs/architecture.md, "What a step
+    reports").
     """
     if is_gravac_compressor(compression):
         if compressor is not None:

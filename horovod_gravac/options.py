@@ -16,8 +16,9 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
+from .cf import check_cf
 from .comm import resolve_timeout
-from .compressors.base import GradientCompressor, check_cf
+from .compressors.base import GradientCompressor
 from .compressors.topk import TopKCompressor
 from .controllers import Controller, Dense
 from .error_feedback import check_momentum

@@ -59,10 +59,6 @@ class ThroughputTable:
         at = self.measured_at.get(cf)
         return None if at is None else self.windows - 1 - at
 
-    def forget(self, cf: float) -> None:
-        for table in (self.compression, self.system, self.measured_at):
-            table.pop(cf, None)
-
     def reset(self) -> None:
         """Drop every figure (they were measured under other conditions, e.g. another N)."""
         self.compression.clear()

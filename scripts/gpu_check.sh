@@ -3,29 +3,20 @@
 #
 #   bash scripts/gpu_check.sh            # after scripts/setup.sh (or quickstart.sh)
 #
-# Run on an NVIDIA H200 and an H100 (torch 2.11.0+cu130; results in benchmarks/results/gpu_h200/
-# and gpu_h100/; on the H100 every step passed, steps 1-4 in about 100 s).  It needs a CUDA build
+# Run on an NVIDIA H200 and an H100 (torch 2.11.0+cu130; figures in docs/gpu.md, the latest
+# summary in benchmarks/results/gpu/).  It needs a CUDA build
 # of torch (scripts/setup.sh installs the CPU wheel: on a GPU machine
 # install the CUDA wheel of the same torch version first, or set PYTHON to an environment that
 # has one), and for step 3 Horovod with NCCL (scripts/build_horovod_gpu.sh builds it).
 #
 # Steps (each runs even if an earlier one failed; every result goes to a file):
 #   1. environment: nvidia-smi, torch/CUDA versions, horovodrun --check-build   -> env.txt
-#   2. pytest -m cuda tests/test_cuda.py: every CUDA branch against the CPU      -> pytest_cuda.txt, pytest_cuda.xml
+#   2. pytest -m cuda tests/unit/test_cuda.py: every CUDA branch against the CPU      -> pytest_cuda.txt, pytest_cuda.xml
 #   3. the optimizer on CUDA with each compressor, horovodrun with NCCL, pytest on every rank
 #      (tests/parallel/test_cuda_nccl.py; 2 ranks when there are 2 GPUs, else 1 rank:
 #      NCCL refuses two ranks on one GPU; skipped if Horovod has no NCCL)   -> nccl_optimizer.txt
 #   4. the compressor size sweep on the GPU
 #      (python -m benchmarks.compressors --sweep-only --device cuda)      -> compressors_sweep_cuda.txt, .csv
-#      and SIDCo's device_fits="host" against "device" (benchmarks/sidco_device_fits.py) -> sidco_device_fits_cuda.txt
-#      and SIDCo's host-fit sample, earlier against current (benchmarks/sidco_device_sample.py) -> sidco_device_sample_cuda.txt
-#      and the operations behind each compress (benchmarks/compressor_profile.py) -> compressor_profile_cuda.txt
-#      and the samples' order statistics, kthvalue against sort (benchmarks/sample_order_stats.py) -> sample_order_stats_cuda.txt
-#      and the launch cuts against what they replaced (benchmarks/launch_cuts.py)      -> launch_cuts_cuda.txt
-#      and Random-k's draw on the device against the host draw it replaced (benchmarks/randomk_draw.py)
-#                                                                           -> randomk_draw_cuda.txt
-#      and each primitive's cost with a per-operation trace of RedSync, SIDCo and exact Top-k
-#      (benchmarks/device_primitives.py)                                   -> device_primitives_cuda.txt
 #   5. the training harness on the GPU: ResNet101/CIFAR-10, VGG16/CIFAR-100 and LSTM/PTB at full
 #      size, 40 steps each on random data in the real formats (scripts/make_synthetic_datasets.py),
 #      GraVAC (both policies) and Accordion                              -> harness_*.txt, harness/
@@ -106,8 +97,8 @@ if [ "$CUDA_OK" != 1 ]; then
 fi
 
 # 2. every CUDA branch ---------------------------------------------------------------------------
-step "pytest -m cuda (tests/test_cuda.py)" "$RESULTS/pytest_cuda.txt" \
-  "$PYTHON" -m pytest -m cuda -v -rs -p no:cacheprovider tests/test_cuda.py --junitxml="$RESULTS/pytest_cuda.xml"
+step "pytest -m cuda (tests/unit/test_cuda.py)" "$RESULTS/pytest_cuda.txt" \
+  "$PYTHON" -m pytest -m cuda -v -rs -p no:cacheprovider tests/unit/test_cuda.py --junitxml="$RESULTS/pytest_cuda.xml"
 
 # horovodrun is a console script; where Horovod was installed with pip --target there is
 # none on PATH, and its module runs the same launcher.
@@ -138,31 +129,6 @@ if [ "${GPU_CHECK_SWEEP:-1}" = 0 ]; then
 else
   step "compressor benchmark: python -m benchmarks.compressors --sweep-only --device cuda" "$RESULTS/compressors_sweep_cuda.log" \
     "$PYTHON" -m benchmarks.compressors --sweep-only --device cuda --out "$RESULTS/compressors_sweep_cuda"
-  # SIDCo's two places to fit, side by side (device_fits="host", the default, against "device").
-  step "SIDCo fits on the host against on the device: python -m benchmarks.sidco_device_fits --device cuda" \
-    "$RESULTS/sidco_device_fits_cuda.txt" "$PYTHON" -m benchmarks.sidco_device_fits --device cuda
-  # The host fits' sample and candidate limit, the earlier ones against the current ones.
-  step "SIDCo's host-fit sample: python -m benchmarks.sidco_device_sample --device cuda" \
-    "$RESULTS/sidco_device_sample_cuda.txt" "$PYTHON" -m benchmarks.sidco_device_sample --device cuda
-  # The operations behind the totals (Top-k ran 7 operations in 1.2-1.9 ms on an H200).
-  step "profile of compress: python -m benchmarks.compressor_profile --device cuda" \
-    "$RESULTS/compressor_profile_cuda.txt" "$PYTHON" -m benchmarks.compressor_profile --device cuda
-  # Why the selectors sort their samples on a GPU (CUDA's kthvalue of a 1-D tensor is one thread block).
-  step "order statistics of a sample: python -m benchmarks.sample_order_stats --device cuda" \
-    "$RESULTS/sample_order_stats_cuda.txt" "$PYTHON" -m benchmarks.sample_order_stats --device cuda
-  # RedSync's search resolved against step by step, the residual add per slice against
-  # foreach, compress_further against a direct compress.
-  step "launch cuts: python -m benchmarks.launch_cuts --device cuda" \
-    "$RESULTS/launch_cuts_cuda.txt" "$PYTHON" -m benchmarks.launch_cuts --device cuda
-  # Random-k's counter-based draw on the device against PCG64 on the host plus the upload.
-  step "Random-k's draw: python -m benchmarks.randomk_draw --device cuda" \
-    "$RESULTS/randomk_draw_cuda.txt" "$PYTHON" -m benchmarks.randomk_draw --device cuda
-  # A call's time on a GPU follows its operation count: what each primitive costs, and one
-  # call of each threshold selector traced operation by operation.
-  step "device primitives: python -m benchmarks.device_primitives --device cuda" \
-    "$RESULTS/device_primitives_cuda.txt" "$PYTHON" -m benchmarks.device_primitives --device cuda \
-    --trace topk:100:1048576 --trace redsync:10:6553600 --trace redsync:100:1048576 \
-    --trace sidco-exp:100:1048576 --trace sidco-exp:1000:6553600 --trace dgc:10:6553600:4
 fi
 
 # 5. the training harness on the GPU --------------------------------------------------------------

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A GPU check on a lent machine that has a CUDA build of torch but no package index: what the
-# GPU runs in benchmarks/results/gpu_h100/ did by hand, as two commands.
+# A GPU check on a lent machine that has a CUDA build of torch but no package index, as two
+# commands.
 #
 #   bash scripts/gpu_session.sh prepare          # here, with a package index: fills .whl/
 #   bash scripts/gpu_session.sh run              # there, from the repository root (.whl/ carried)

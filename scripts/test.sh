@@ -1,10 +1,30 @@
 #!/usr/bin/env bash
 # Run the whole test suite: unit tests plus real 2- and 3-rank horovodrun tests.
 # Sets the machine up first (scripts/setup.sh is idempotent and quick once done).
-set -euo pipefail
+#
+#   bash scripts/test.sh                 # everything, as CI runs it (.ci/run)
+#   bash scripts/test.sh -m "not slow"   # any pytest arguments: one pytest run over tests/
+#
+# Everything runs in two passes: first every test not marked `serial` on one pytest-xdist
+# worker per core (at most 4) (each test file on one worker, so a file's shared runs are made once),
+# then the `serial` tests alone (they hold themselves to wall-clock bounds, or set up
+# network namespaces).  The markers are declared in pyproject.toml.
+set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-bash scripts/setup.sh
+bash scripts/setup.sh || exit 1
 # OMP_NUM_THREADS=1: ranks share the machine's cores; oversubscription only slows tests.
 # --timeout: a last guard; every multi-rank run also has its own, shorter timeout.
-OMP_NUM_THREADS=1 exec .venv/bin/python -m pytest -q -ra --timeout 900 tests "$@"
+export OMP_NUM_THREADS=1
+PYTEST=(.venv/bin/python -m pytest -q -ra --timeout 900 --durations 25)
+if [ $# -gt 0 ]; then
+  exec "${PYTEST[@]}" tests "$@"
+fi
+CORES=$(nproc)
+WORKERS=${GRAVAC_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}   # one per core, at most 4
+"${PYTEST[@]}" -n "$WORKERS" --dist loadfile -m "not serial" tests
+first=$?
+"${PYTEST[@]}" -m serial tests
+second=$?
+echo "[test] parallel pass: exit $first; serial pass: exit $second"
+[ "$first" -eq 0 ] && [ "$second" -eq 0 ]

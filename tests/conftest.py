@@ -1,4 +1,5 @@
-"""Shared helpers: launching real Horovod ranks under a timeout (see launcher.py)."""
+"""Shared by tests/unit and tests/integration: launching real Horovod ranks under a timeout
+(see launcher.py), the CPU paths of the sparsifiers, and the markers of pyproject.toml."""
 import subprocess
 import sys
 from pathlib import Path
@@ -38,20 +39,15 @@ def cpu_path(request):
     native.use(previous)
 
 
-# -- the ``cuda`` marker ----------------------------------------------------
+# -- markers (declared in pyproject.toml) -----------------------------------
 CUDA = torch.cuda.is_available()
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "cuda: needs a CUDA GPU (torch.cuda.is_available()); skipped elsewhere. "
-                   "Run them alone with `pytest -m cuda`, or everything with scripts/gpu_check.sh.")
+INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 
 def pytest_collection_modifyitems(config, items):
-    if CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here")
+    skip = None if CUDA else pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here")
     for item in items:
-        if "cuda" in item.keywords:
+        if INTEGRATION in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.integration)
+        if skip is not None and "cuda" in item.keywords:
             item.add_marker(skip)

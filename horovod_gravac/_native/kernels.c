@@ -262,8 +262,8 @@ int64_t hg_select(const float *x, int64_t n, float t, int strict, double density
             int64_t room = cap > c ? cap - c : 0;
             /* the store-every-step loop from 0.5 % expected survivors (1 % past 8M entries, out of
              * cache, where its stores cost memory traffic): the branch of the other loop is then
-             * mispredicted often enough to cost more, up to 2.4x at 1-3 % (benchmarks/select_loops.py,
-             * select_loops_cpu.txt; the switch was at 2 %, so Top-k at CF 100-200 took the slow loop) */
+             * mispredicted often enough to cost more, up to 2.4x at 1-3 % (the switch was at 2 %, so
+             * Top-k at CF 100-200 took the slow loop) */
             int dense = density > (n > ((int64_t)8 << 20) ? 0.01 : 0.005);
             c += select_avx512(x, n, head, tkey, strict, dense, idx + c, val + c, room, &start);
         }
@@ -642,8 +642,8 @@ static int hg_has_avx512dq(void) {
  * operations on each lane: the truncation is a round toward zero, the casts are exact), and the
  * eight magnitudes gathered.  The scalar loop's double-to-integer conversions and its branch made
  * SIDCo's 8192-entry sample cost 29 us at 1M entries against 19 us this way, and 22 against 9 us
- * at 262K (benchmarks/sample_loops.py, sample_loops_cpu.txt; a fresh shift per call, as in use:
- * with one shift repeated, the scalar loop's reads stay in cache and it looks faster than it is).
+ * at 262K, measured with a fresh shift per call as in use (with one shift repeated, the scalar
+ * loop's reads stay in cache and it looks faster than it is).
  * Returns how many it did (a multiple of 8). */
 __attribute__((target("avx512f,avx512dq"))) HG_SAMPLE_NO_CONTRACT
 static int64_t abs_sample_avx512(const float *x, int64_t s, int64_t d, double u, double phi, float *out) {
@@ -845,7 +845,7 @@ HG_CLONES void hg_stratified_draw(int64_t n, int64_t k, uint64_t key, int32_t *o
 
 /* -- SIDCo's host path: stages, fits, refinement rounds and selection in one call -------------- */
 
-/* SIDCoSelector._staged_on_host (selection/sidco.py) for the CPU host path, step for step and in
+/* HostStages.select (selection/sidco_host.py) for the CPU host path, step for step and in
  * the same double arithmetic, so that both select the same entries (tests/test_host_path.py runs
  * both on the same inputs and compares them).  In Python its few hundred scalar operations, the
  * ten-odd ctypes calls and the NumPy arrays between them cost 0.04-0.23 ms a call: as much as the
@@ -859,7 +859,7 @@ HG_CLONES void hg_stratified_draw(int64_t n, int64_t k, uint64_t key, int32_t *o
 
 enum { HG_EXPONENTIAL = 0, HG_GPARETO = 1, HG_GAMMA = 2 };
 
-/* The settings, in the order SIDCoSelector._native_settings writes them (HG_S_SIMD: native.sidco_select). */
+/* The settings, in the order NativeStages.settings (selection/sidco_native.py) writes them (HG_S_SIMD: native.sidco_select). */
 enum {
     HG_S_DIST, HG_S_STAGES, HG_S_FIRST, HG_S_STAGE_DENSITY, HG_S_COMPACT, HG_S_REFINE, HG_S_TOLERANCE,
     HG_S_REFINE_HITS, HG_S_TRUST_HITS, HG_S_FIT_MIN, HG_S_DEEP_MIN, HG_S_GATHER_MIN, HG_S_CANDIDATE_FITS,
@@ -968,7 +968,7 @@ static double hg_count_at_least(const float *v, int64_t c, float t, double w) {
     return out[0] * w;
 }
 
-/* SIDCoSelector._refine_host over the counts of v[0:c] weighed by w. */
+/* HostStages.refine_threshold over the counts of v[0:c] weighed by w. */
 HG_NO_CONTRACT static double hg_sidco_refine(const double *set, const float *v, int64_t c, double w, double k,
                                              double threshold, const hg_fit *fit) {
 #if defined(__clang__)
@@ -1035,7 +1035,7 @@ static int64_t hg_gather(const float *x, int64_t n, float t, double expected, in
 }
 
 /* The latest fit whose input held at least `hits` sampled entries (else stage 1's): a refinement
- * on the sample's counts goes there (see SIDCoSelector._staged_on_host's refit). */
+ * on the sample's counts goes there (see HostStages.select's refit). */
 static const hg_fit *hg_latest_fit(const hg_fit *fits, int64_t nfits, double hits) {
     for (int64_t j = nfits - 1; j >= 0; j--)
         if (fits[j].held >= hits) return &fits[j];

@@ -1,5 +1,7 @@
 """Gradient compressors, each a ``horovod.torch.compression.Compressor`` subclass."""
-from .base import GradientCompressor, SparseCompressor, SparseContext, SparsePayload, check_cf, kept_count
+from ..cf import check_cf, kept_count
+from ..selection.payload import SparseContext, SparsePayload
+from .base import GradientCompressor, SparseCompressor
 from .dgc import DGCCompressor
 from .powersgd import PowerSGDCompressor
 from .randomk import RandomKCompressor

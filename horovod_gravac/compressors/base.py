@@ -9,11 +9,12 @@ two-method contract:
     tensor2 = compressor.decompress(payload, ctx)
 
 ``payload`` is a :class:`SparsePayload` (values + int32 flat indices), ``ctx`` a
-:class:`SparseContext` (shape, dtype, numel).  Which entries to keep is decided by a
-selector from :mod:`horovod_gravac.selection` (pure torch/NumPy, no Horovod); the
-classes here add Horovod's ``Compressor`` contract on top.  Compressors hold no per-tensor
-state: error-feedback residuals live in the optimizer (see ``error_feedback.py``),
-because Horovod's compressor interface never sees which parameter a tensor is.
+:class:`SparseContext` (shape, dtype, numel).  Which entries to keep is decided by the
+compressor's selector (``compressor.selector``, from :mod:`horovod_gravac.selection`: pure
+torch/NumPy, no Horovod); the classes here add Horovod's ``Compressor`` contract on top.
+Compressors hold no per-tensor state: error-feedback residuals live in the optimizer (see
+``error_feedback.py``), because Horovod's compressor interface never sees which parameter a
+tensor is.
 
 Multi-level compression (GraVAC, paper section IV-C) is
 ``compress_further(payload, ctx, factor)``: a payload already at CF ``a`` is
@@ -22,15 +23,16 @@ the ``numel / a`` kept entries instead of the whole tensor.
 """
 from __future__ import annotations
 
+import abc
+import inspect
 from typing import Optional, Tuple
 
 import torch
 
 from .. import native
-from ..cf import check_cf, kept_count  # noqa: F401  (part of this module's API)
+from ..cf import check_cf, kept_count
 from ..selection.base import Selector
-from ..selection.payload import (FLOAT_DTYPES, SparseContext, SparsePayload,  # noqa: F401  (re-exported)
-                                 check_tensor, payload_dtype)
+from ..selection.payload import SparseContext, SparsePayload, check_tensor, payload_dtype
 
 try:  # Horovod is a hard dependency at run time; keep the pure parts importable without it.
     from horovod.torch.compression import Compressor as _HorovodCompressor
@@ -38,48 +40,86 @@ except Exception:  # pragma: no cover - exercised only where Horovod is missing
     class _HorovodCompressor:  # type: ignore[no-redef]
         """Stand-in with Horovod's interface, used only when Horovod is not installed."""
 
-class GradientCompressor(_HorovodCompressor):
-    """What ``horovod_gravac.DistributedOptimizer`` asks of every compressor (the defaults
-    suit a stateless sparsifier; subclasses override what differs):
+
+class GradientCompressor(abc.ABC):
+    """What ``horovod_gravac.DistributedOptimizer`` asks of every compressor, besides Horovod's
+    ``Compressor`` contract (``compress``/``decompress``).
+
+    An interface, not a base class: :class:`SparseCompressor` and ``PowerSGDCompressor`` are
+    Horovod ``Compressor`` subclasses registered as implementing it (a common base class would
+    put every compressor one class deeper under Horovod's).  A compressor of another kind
+    implements the members below and registers: ``GradientCompressor.register(MyCompressor)``.
 
     Attributes:
+        cf: the target compression factor (``numel / kept``).
         low_rank: True for a low-rank compressor (PowerSGD): the optimizer sends it with
             PowerSGD's two-phase exchange instead of a sparse payload.
-        shared_indices: True when every rank picks the same indices (Random-k with a
-            shared seed); the optimizer then sums values with a dense allreduce and
-            sends no indices at all.
-        step_seeded: True when the draws depend on the step: the optimizer calls
-            :meth:`set_step` before each bucket and keeps the step index the same on every
-            rank (and in checkpoints).
-        fixed_count: True when every payload of a tensor of n entries at CF ``cf`` holds
-            exactly ``kept_count(n, cf)`` entries, on every rank (exact Top-k, Random-k).
-            Two ranks then exchange payloads of equal size, which lets the optimizer use
-            its pair exchange (``transfers.PairExchange``) instead of an allgather.
-        last_quality: after ``compress``, kept / k of a threshold estimate (None: exact k).
+        shared_indices, step_seeded, fixed_count, last_quality: see
+            :class:`horovod_gravac.selection.base.Selector`.
+
+    Methods: ``set_step(step, stream)`` (draws keyed by step and bucket), and
+    ``compress_further(payload, ctx, factor)`` (multi-level compression).
     """
 
-    low_rank = False
-    shared_indices = False
-    step_seeded = False
-    fixed_count = False
-    last_quality: Optional[float] = None
 
-    def set_step(self, step: int, stream: int = 0) -> None:
-        """Draw from ``(seed, step, stream)`` from now on (``stream``: the bucket)."""
-
-
-class SparseCompressor(Selector, GradientCompressor):
+class SparseCompressor(_HorovodCompressor):
     """Base class: a sparsifier at a fixed compression factor, as a Horovod ``Compressor``.
 
-    The selection (``cf``, :meth:`select`, :meth:`select_payload`) comes from
-    :class:`horovod_gravac.selection.base.Selector`, which imports no Horovod; subclasses
-    implement :meth:`select` (which flat entries to keep), directly or by inheriting a
-    selector first (``class TopKCompressor(TopKSelector, SparseCompressor)``).  Everything
-    else (validation, flattening, context, decompression, multi-level) is here.
-
-    Attributes (besides :class:`GradientCompressor`'s):
-        cf: the target compression factor (``numel / kept``).
+    A subclass names its selector class (``selector_class``); the constructor takes that
+    selector's arguments and builds ``self.selector``.  The selection (``cf``, ``select``,
+    ``select_payload``, ``set_step``, the selector's settings and records such as ``seed`` or
+    ``fallbacks``) is the selector's, read through the compressor; validation, flattening,
+    the context, decompression and multi-level compression are here.
     """
+
+    #: The :class:`~horovod_gravac.selection.base.Selector` subclass this compressor runs.
+    selector_class: type = Selector
+    low_rank = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "selector_class" in cls.__dict__:   # help() and inspect show the selector's arguments
+            cls.__signature__ = inspect.signature(cls.selector_class)
+
+    def __init__(self, *args, **kwargs):
+        self.selector = self.selector_class(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        # Only names the compressor lacks: the selector's settings and records.
+        if name.startswith("__") or name == "selector":   # (copy and pickle probe before __init__)
+            raise AttributeError(name)
+        return getattr(self.selector, name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.selector.repr_args()})"
+
+    # -- what the optimizer reads every bucket (explicit: no lookup through __getattr__) ----------
+    @property
+    def cf(self) -> float:
+        return self.selector.cf
+
+    @cf.setter
+    def cf(self, value: float) -> None:
+        self.selector.cf = value
+
+    @property
+    def shared_indices(self) -> bool:
+        return self.selector.shared_indices
+
+    @property
+    def step_seeded(self) -> bool:
+        return self.selector.step_seeded
+
+    @property
+    def fixed_count(self) -> bool:
+        return self.selector.fixed_count
+
+    @property
+    def last_quality(self) -> Optional[float]:
+        return self.selector.last_quality
+
+    def set_step(self, step: int, stream: int = 0) -> None:
+        self.selector.set_step(step, stream)
 
     # -- Horovod's Compressor contract -------------------------------------------
     def compress(self, tensor: torch.Tensor) -> Tuple[SparsePayload, SparseContext]:
@@ -89,7 +129,7 @@ class SparseCompressor(Selector, GradientCompressor):
         if ctx.numel == 0:
             empty = torch.empty(0, dtype=torch.int32, device=flat.device)
             return SparsePayload(empty.to(payload_dtype(flat.dtype)), empty), ctx
-        return self.select_payload(flat, kept_count(ctx.numel, self.cf)), ctx
+        return self.selector.select_payload(flat, kept_count(ctx.numel, self.cf)), ctx
 
     def decompress(self, payload: SparsePayload, ctx: SparseContext,
                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -134,7 +174,7 @@ class SparseCompressor(Selector, GradientCompressor):
         k = kept_count(ctx.numel, self.cf * factor)
         if k >= payload.values.numel():
             return payload
-        sub = self.select_further(payload.values, k)   # its indices are positions in the payload
+        sub = self.selector.select_further(payload.values, k)   # its indices are positions in the payload
         return SparsePayload(sub.values, payload.indices.index_select(0, sub.indices))
 
     # -- helpers ----------------------------------------------------------------
@@ -144,6 +184,9 @@ class SparseCompressor(Selector, GradientCompressor):
         unless shared."""
         n, size = payload.values.numel(), payload.values.element_size()
         return size * n if shared_indices else (size + 4) * n
+
+
+GradientCompressor.register(SparseCompressor)
 
 
 def _native_scatter(values: torch.Tensor, indices: torch.Tensor, ctx: "SparseContext",

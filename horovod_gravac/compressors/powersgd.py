@@ -23,7 +23,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .base import GradientCompressor, check_cf, check_tensor
+from ..cf import check_cf
+from ..selection.payload import check_tensor
+from .base import GradientCompressor, _HorovodCompressor
 
 
 class LowRankPayload(NamedTuple):
@@ -46,7 +48,7 @@ def orthonormalize(p: torch.Tensor) -> torch.Tensor:
     return q
 
 
-class PowerSGDCompressor(GradientCompressor):
+class PowerSGDCompressor(_HorovodCompressor):
     """Low-rank compressor.
 
     Args:
@@ -57,6 +59,15 @@ class PowerSGDCompressor(GradientCompressor):
     """
 
     low_rank = True
+    # The rest of what the optimizer asks of a compressor (GradientCompressor): one seeded Q,
+    # no per-step draws, no sparse payload.
+    shared_indices = False
+    step_seeded = False
+    fixed_count = False
+    last_quality = None
+
+    def set_step(self, step: int, stream: int = 0) -> None:
+        pass
 
     def __init__(self, cf: float = 10.0, rank: Optional[int] = None, seed: int = 0):
         self.cf = check_cf(cf)
@@ -94,3 +105,6 @@ class PowerSGDCompressor(GradientCompressor):
     def compress_further(self, payload, ctx, factor):
         raise NotImplementedError("multi-level compression applies to sparsifiers; "
                                   "PowerSGD works with Dense, StaticCF and Accordion controllers")
+
+
+GradientCompressor.register(PowerSGDCompressor)

@@ -2,11 +2,13 @@
 :class:`horovod_gravac.selection.redsync.RedSyncSelector` (see that module for the algorithm)."""
 from __future__ import annotations
 
-from ..selection.redsync import RedSyncSelector, redsync_search  # noqa: F401  (re-exported)
-from .dgc import ThresholdCompressor
+from ..selection.redsync import RedSyncSelector
+from .base import SparseCompressor
 
 
-class RedSyncCompressor(RedSyncSelector, ThresholdCompressor):
+class RedSyncCompressor(SparseCompressor):
     """Binary-search a threshold between ``mean(|g|)`` and ``max(|g|)`` until ``~k`` entries
     pass.  Arguments: ``cf``, ``tolerance``, ``sample_ratio``, ``min_sample_hits``,
     ``max_steps``, ``seed``; see :class:`~horovod_gravac.selection.redsync.RedSyncSelector`."""
+
+    selector_class = RedSyncSelector

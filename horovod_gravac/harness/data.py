@@ -57,8 +57,8 @@ __all__ = ["DatasetNotFound", "ImageData", "TextCorpus", "load_cifar", "load_dig
            "FeatureData", "FEATURE_DATASETS", "hash_context_features", "pydoc_paragraphs",
            "load_pydoc_chars", "load_feature_dataset"]
 
-IMAGE_DATASETS = ("cifar10", "cifar100", "digits")
-TEXT_DATASETS = ("ptb", "pydoc")
+IMAGE_DATASETS = ("cifar10", "cifar100", "digits", "shapes")
+TEXT_DATASETS = ("ptb", "pydoc", "stdlib-chars")
 FEATURE_DATASETS = ("pydoc-chars",)
 
 CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
@@ -243,6 +243,9 @@ def load_digits_data(test_fraction: float = 0.2, seed: int = 0) -> ImageData:
 def load_image_dataset(name: str, path: Optional[str] = None) -> ImageData:
     if name == "digits":
         return load_digits_data()
+    if name == "shapes":
+        from .synthetic import shapes_data
+        return shapes_data()
     if name in ("cifar10", "cifar100"):
         if not path:
             expected = CIFAR10_FILES if name == "cifar10" else CIFAR100_FILES
@@ -432,6 +435,11 @@ def load_text_dataset(name: str, path: Optional[str] = None) -> TextCorpus:
         return load_ptb(path or "")
     if name == "pydoc":
         return load_pydoc_corpus()
+    if name == "stdlib-chars":
+        from .synthetic import CHARS, stdlib_chars
+        train, test = stdlib_chars()
+        half = test.numel() // 2   # (valid: the first half of the test modules' text)
+        return TextCorpus("stdlib-chars", train, test[:half], test, list(CHARS))
     raise ValueError(f"unknown text data set {name!r}; choose one of {', '.join(TEXT_DATASETS)}")
 
 

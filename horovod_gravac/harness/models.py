@@ -75,10 +75,13 @@ class ResNet(nn.Module):
         width: channels of the stem and first stage (64 in the standard model); the
             stages use ``width, 2*width, 4*width, 8*width`` planes (x4 after expansion).
         in_channels: image channels (3 for CIFAR).
+        head_hidden: ``None``: one linear layer after the pool (the standard model); else a
+            hidden layer of this many units first, as VGG's classifier: parameters that are
+            cheap to compute and dear to send (the adaptivity benchmark's ``shapes-resnet``).
     """
 
     def __init__(self, blocks: Sequence[int] = (3, 4, 23, 3), num_classes: int = 10,
-                 width: int = 64, in_channels: int = 3):
+                 width: int = 64, in_channels: int = 3, head_hidden: Optional[int] = None):
         super().__init__()
         if len(blocks) != 4 or any(b < 1 for b in blocks):
             raise ValueError(f"blocks must be four positive counts, got {list(blocks)}")
@@ -91,7 +94,12 @@ class ResNet(nn.Module):
         self.layer2 = self._stage(2 * width, blocks[1], stride=2)
         self.layer3 = self._stage(4 * width, blocks[2], stride=2)
         self.layer4 = self._stage(8 * width, blocks[3], stride=2)
-        self.fc = nn.Linear(8 * width * Bottleneck.expansion, num_classes)
+        features = 8 * width * Bottleneck.expansion
+        if head_hidden:
+            self.fc = nn.Sequential(nn.Linear(features, head_hidden), nn.ReLU(inplace=True),
+                                    nn.Linear(head_hidden, num_classes))
+        else:
+            self.fc = nn.Linear(features, num_classes)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -119,9 +127,10 @@ class ResNet(nn.Module):
 
 
 def resnet101(num_classes: int = 10, width: int = 64, blocks: Sequence[int] = (3, 4, 23, 3),
-              in_channels: int = 3) -> ResNet:
+              in_channels: int = 3, head_hidden: Optional[int] = None) -> ResNet:
     """CIFAR ResNet101 (Bottleneck ``[3, 4, 23, 3]``); ``width``/``blocks`` shrink it for tests."""
-    return ResNet(blocks, num_classes=num_classes, width=width, in_channels=in_channels)
+    return ResNet(blocks, num_classes=num_classes, width=width, in_channels=in_channels,
+                  head_hidden=head_hidden)
 
 
 # --------------------------------------------------------------------------- VGG
@@ -335,7 +344,8 @@ class RowLSTM(nn.Module):
 def build_model(name: str, num_classes: int = 10, vocab_size: Optional[int] = None,
                 width: Optional[float] = None, in_channels: int = 3, image_size: int = 32,
                 dropout: Optional[float] = None, tie_weights: Optional[bool] = None,
-                blocks: Optional[Sequence[int]] = None, num_buckets: Optional[int] = None) -> nn.Module:
+                blocks: Optional[Sequence[int]] = None, num_buckets: Optional[int] = None,
+                head_hidden: Optional[int] = None) -> nn.Module:
     """Build a model by its ``--model`` name; ``width=None`` gives the paper's size.
 
     ``width`` means: ResNet stem channels (int), VGG channel multiplier (float), LSTM
@@ -344,7 +354,7 @@ def build_model(name: str, num_classes: int = 10, vocab_size: Optional[int] = No
     """
     if name == "resnet101":
         return resnet101(num_classes, width=int(width or 64), blocks=blocks or (3, 4, 23, 3),
-                         in_channels=in_channels)
+                         in_channels=in_channels, head_hidden=head_hidden)
     if name == "vgg16":
         return vgg16(num_classes, width=float(width or 1.0), in_channels=in_channels)
     if name in ("lstm", "tinylstm"):

@@ -86,6 +86,22 @@ PRESETS: Dict[str, Dict[str, Any]] = {
                            width=64, dropout=0.2, eval_batch_size=10, clip_norm=0.5,
                            compressor="topk", theta_min=10.0, theta_max=1000.0, window=100,
                            omega=0.01, epsilon=0.9, policy="exponential"),
+    # Workloads for benchmarks/adaptivity.py with tens of thousands of training examples and
+    # thousands of test examples, made offline (horovod_gravac.harness.synthetic):
+    # * ten procedurally drawn shapes in 16x16 colour images (50k/10k), a bottleneck ResNet with
+    #   one block per stage and a 2048-unit classifier layer (1.58M parameters, 1.07M of them in
+    #   the classifier; buckets of 0.5 MB);
+    # * next-character prediction on the Python standard library's sources (2.2M training
+    #   characters, 0.42M test), a 2-layer LSTM of 256 units with tied weights (1.08M parameters).
+    "shapes-resnet": dict(model="resnet101", dataset="shapes", batch_size=32, lr=0.05, momentum=0.9,
+                          weight_decay=1e-4, lr_milestones="900", steps=1200, eval_every=100, width=16,
+                          blocks="1,1,1,1", head_hidden=2048, bucket_cap_mb=0.5, compressor="topk", theta_min=10.0,
+                          theta_max=1000.0, window=100, omega=0.01, epsilon=0.7, policy="exponential"),
+    "stdlib-charlstm": dict(model="tinylstm", dataset="stdlib-chars", batch_size=20, bptt=35, lr=0.2,
+                            momentum=0.9, weight_decay=0.0, lr_milestones="900", steps=1200, eval_every=100,
+                            width=256, dropout=0.0, eval_batch_size=100, clip_norm=1.0, compressor="topk",
+                            theta_min=10.0, theta_max=1000.0, window=100, omega=0.01, epsilon=0.7,
+                            policy="exponential"),
     # A workload with sparse gradients, 2 ranks on two CPU cores in about a minute per run:
     # next-character prediction on the pydoc text with a fastText-style model (hashed
     # 1..5-character contexts, 2^18 buckets x 16, summed, linear over 100 characters;
@@ -105,11 +121,11 @@ PRESETS: Dict[str, Dict[str, Any]] = {
 DEFAULTS: Dict[str, Any] = dict(
     model="tinycnn", dataset=None, data=None, controller="gravac", compressor="topk", cf=100.0,
     theta_min=10.0, theta_max=1000.0, epsilon=0.7, omega=0.01, window=500, policy="exponential",
-    ewma_alpha=None, variant=C.DEFAULT_VARIANT, hold_windows=1, split_rungs="off", low_cf=10.0, high_cf=1000.0, accordion_threshold=0.5, accordion_interval=100, powersgd_rank=1,
+    ewma_alpha=None, variant=C.DEFAULT_VARIANT, hold_windows=1, split_rungs="off", low_cf=10.0, high_cf=1000.0, accordion_threshold=0.5, accordion_interval=100, powersgd_rank=1, bucket_cap_mb=25.0,
     topk_zeros="send", steps=200, eval_every=50, batch_size=32, eval_batch_size=None, lr=0.1, momentum=0.9,
     weight_decay=1e-4, lr_milestones="", lr_gamma=0.1, warmup_steps=0, clip_norm=None,
     momentum_correction=False, local_clip_norm=None,
-    bptt=35, width=None, blocks=None, num_buckets=None, dropout=None, tie_weights=None, seed=42, out=None,
+    bptt=35, width=None, blocks=None, head_hidden=None, num_buckets=None, dropout=None, tie_weights=None, seed=42, out=None,
     threads=None, device="auto", log_every=None, max_eval_batches=None)
 
 
@@ -150,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--accordion-threshold", type=float, help="Accordion: relative norm change (0.5)")
     g.add_argument("--accordion-interval", type=int, help="Accordion: steps between checks (100)")
     g.add_argument("--powersgd-rank", type=int, help="PowerSGD compressor: rank (1)")
+    g.add_argument("--bucket-cap-mb", type=float, help="gradient buckets of at most this many MB (25)")
     g.add_argument("--topk-zeros", choices=("send", "skip"),
                    help="Top-k compressor: a bucket with fewer nonzeros than k is topped up with zeros "
                         "(send, the paper's Top-k; default) or sends its nonzeros alone (skip: "
@@ -174,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "multiplier, LSTM units, TinyCNN channels, "
                                                "ngram embedding size")
     t.add_argument("--blocks", help="ResNet: blocks per stage, e.g. 3,4,23,3 (toy: 1,1,1,1)")
+    t.add_argument("--head-hidden", type=int, help="ResNet: a hidden layer of this many units in the "
+                   "classifier (default: none)")
     t.add_argument("--num-buckets", type=int, help="ngram: hash buckets of the context features "
                                                    "(embedding rows; 262144)")
     t.add_argument("--dropout", type=float, help="LSTM dropout")
@@ -271,7 +290,7 @@ def make_controller(args):
 
 
 def make_optimizer(args, model: torch.nn.Module):
-    """The one place the distributed optimizer is created (docs/API_CONTRACT.md)."""
+    """The one place the distributed optimizer is created."""
     from ..optimizer import DistributedOptimizer
     # DGC's momentum correction: the velocity lives in the residual, so the wrapped SGD
     # must be momentum-free.
@@ -284,7 +303,7 @@ def make_optimizer(args, model: torch.nn.Module):
     opt = DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                compressor=compressor, controller=make_controller(args),
                                backward_passes_per_step=1, momentum_correction=momentum_correction,
-                               local_clip_norm=args.local_clip_norm)
+                               local_clip_norm=args.local_clip_norm, bucket_cap_mb=args.bucket_cap_mb)
     return opt, base
 
 
@@ -382,9 +401,10 @@ def evaluate_images(model, ds: gdata.ImageData, hvd, batch_size: int, max_batche
 
 
 def evaluate_lm(model, streams: torch.Tensor, hvd, bptt: int, max_batches=None) -> dict:
-    """Perplexity over this rank's evaluation streams (hidden state sized for the eval batch)."""
+    """Perplexity and next-token accuracy over this rank's evaluation streams (hidden state
+    sized for the eval batch)."""
     model.eval()
-    totals = torch.zeros(2, dtype=torch.float64)   # loss sum, tokens
+    totals = torch.zeros(3, dtype=torch.float64)   # loss sum, tokens, correct predictions
     hidden = model.init_hidden(streams.size(1))
     with torch.no_grad():
         for b, (x, y) in enumerate(gdata.BPTTStream.windows(streams, bptt)):
@@ -393,10 +413,12 @@ def evaluate_lm(model, streams: torch.Tensor, hvd, bptt: int, max_batches=None) 
             out, hidden = model(x, hidden)
             totals[0] += F.cross_entropy(out.view(-1, out.size(-1)), y.reshape(-1), reduction="sum").item()
             totals[1] += y.numel()
+            totals[2] += (out.argmax(-1) == y).sum().item()
     model.train()
     totals = hvd.allreduce(totals, op=hvd.Sum, name="eval.lm")
     loss = totals[0].item() / max(1.0, totals[1].item())
-    return {"test_loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": int(totals[1].item())}
+    return {"test_loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": int(totals[1].item()),
+            "accuracy": 100.0 * totals[2].item() / max(1.0, totals[1].item())}
 
 
 # --------------------------------------------------------------------------- training
@@ -455,7 +477,8 @@ def train(args) -> dict:
         ds = gdata.load_image_dataset(args.dataset, args.data).to(device)
         batches = gdata.ShardedBatches(ds, args.batch_size, rank, size, seed=args.seed)
         model = build_model(args.model, num_classes=ds.num_classes, width=args.width,
-                            in_channels=ds.in_channels, image_size=ds.image_size, blocks=args.blocks)
+                            in_channels=ds.in_channels, image_size=ds.image_size, blocks=args.blocks,
+                            head_hidden=args.head_hidden)
         data_info = {"num_classes": ds.num_classes, "train_samples": ds.train_x.shape[0],
                      "test_samples": ds.test_x.shape[0], "batches_per_epoch": batches.batches_per_epoch}
     load_time = time.perf_counter() - t0

@@ -1,9 +1,10 @@
 """The base of every sparsifier's selection: a compression factor and ``select``.
 
 A :class:`Selector` decides which flat entries of a gradient to keep; it knows nothing
-of Horovod.  ``horovod_gravac.compressors.SparseCompressor`` combines it with Horovod's
-``Compressor`` (``compress``/``decompress``/``compress_further``), and each compressor
-there is ``class XCompressor(XSelector, SparseCompressor)`` with no code of its own.
+of Horovod.  ``horovod_gravac.compressors.SparseCompressor`` holds one and adds Horovod's
+``Compressor`` contract (``compress``/``decompress``/``compress_further``); each compressor
+there is ``class XCompressor(SparseCompressor)`` naming its ``selector_class``, with no
+code of its own.
 """
 from __future__ import annotations
 
@@ -23,14 +24,35 @@ class Selector:
 
     Attributes:
         cf: the target compression factor (``numel / kept``).
+        shared_indices: True when every rank picks the same indices (Random-k with a
+            shared seed); the optimizer then sums values with a dense allreduce and
+            sends no indices at all.
+        step_seeded: True when the draws depend on the step: the optimizer calls
+            :meth:`set_step` before each bucket and keeps the step index the same on every
+            rank (and in checkpoints).
+        fixed_count: True when every selection of ``k`` entries holds exactly ``k``, on every
+            rank (exact Top-k, Random-k): two ranks can then exchange payloads of equal size.
+        last_quality: after a selection, kept / k of a threshold estimate (None: exact k).
     """
 
+    shared_indices = False
+    step_seeded = False
+    fixed_count = False
+    last_quality: Optional[float] = None
 
     def __init__(self, cf: float = 100.0):
         self.cf = check_cf(cf)
 
+    def repr_args(self) -> str:
+        """The settings that identify this selection, as a constructor's arguments (ranks
+        compare them at start-up, checkpoints record them)."""
+        return f"cf={self.cf:g}"
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(cf={self.cf:g})"
+        return f"{type(self).__name__}({self.repr_args()})"
+
+    def set_step(self, step: int, stream: int = 0) -> None:
+        """Draw from ``(seed, step, stream)`` from now on (``stream``: the bucket)."""
 
     def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         """Return the int64 or int32 flat indices to keep (about ``k`` of them, unique)."""

@@ -17,15 +17,12 @@ them).  The global RNG is never touched.
 The draw (:func:`stratified_draw`) is counter-based: the i-th index is the start of stratum i
 plus ``floor(u_i * width_i)``, ``u_i`` a 31-bit hash of ``(key, i)``.  Why not a generator:
 the indices must be the same integers on every rank whatever device or path computes them,
-and on an accelerator they must be drawn there.  Until 2026-11-27 Random-k drew with NumPy's
-PCG64 on the host and uploaded the indices: strata of two widths (most buckets) took NumPy's
-bounded draw with an array of bounds, 12-18 ns an index (41 ms a ResNet101 step at CF 10 on a
-2-core CPU), and on a GPU each upload was a synchronising copy (pageable memory); on an H100
-Random-k at CF 10 took 93 ms of a 135 ms ResNet101 step
-(``benchmarks/results/gpu_h100/call17_step_cost/``).  Now the CPU computes the
-hash in C (NumPy without the native kernels) and an accelerator with about 30 integer kernels
-over k entries, no copy and no synchronisation (``benchmarks/randomk_draw.py``).  The hash's
-bias is at most ``width / 2**31`` per position (5e-7 at CF 1000).
+and on an accelerator they must be drawn there: a host generator's draws (NumPy's bounded draw
+with an array of bounds costs 12-18 ns an index) uploaded every step are a synchronising copy
+that can take most of a GPU step.  The CPU computes the hash in C (NumPy without the native
+kernels) and an accelerator with about 30 integer kernels over k entries, no copy and no
+synchronisation (``benchmarks/randomk_draw.py``).  The hash's bias is at most
+``width / 2**31`` per position (5e-7 at CF 1000).
 """
 from __future__ import annotations
 
@@ -167,9 +164,9 @@ class RandomKSelector(Selector):
         self._stream = 0
         self._draws = 0   # draws since set_step: compress, then compress_further, each its own key
 
-    def __repr__(self) -> str:
+    def repr_args(self) -> str:
         # The seed is part of the identity: ranks with different seeds must not pair up.
-        return f"{type(self).__name__}(cf={self.cf:g}, seed={self.seed})"
+        return f"cf={self.cf:g}, seed={self.seed}"
 
     def set_step(self, step: int, stream: int = 0) -> None:
         """Key the next draws by (step, stream): the same on every rank, so indices agree."""

@@ -43,20 +43,17 @@ synchronisation (the "done" state is carried in the bounds: once within toleranc
 ``lo = hi = mid``).
 
 Accelerators (:meth:`RedSyncSelector._select_on_device`) take a path of their own, built from
-the fewest operations: on an H100 a call's time at bucket sizes followed its operation count
+the fewest operations: on a GPU a call's time at bucket sizes follows its operation count
 (10-25 us of the host's time each), not its arithmetic or its copies
-(``benchmarks/device_primitives.py``, ``benchmarks/results/gpu_h100/call19_9de7cdb/``).  The
-search runs on the host from one copy of the order statistics that decide its steps, on
-``[T_many, max]`` (``T_many`` the magnitude of rank ``floor(k (1 + tolerance)) + 1``: every
-midpoint below it would only raise the lower end), over the candidates of a 16384-entry
-uniform sample's floor, sorted once; the kept entries are the first of that order, so their
-set is what a full sort would decide.  At low CFs (up to ~13) it counts on a 131072-entry
-sample instead, and one ``nonzero`` selects.  About 15 operations a call (34 before), two host
-synchronisations.  Measured on an H100 (``call20_1ded337/``, before the low-CF change): 0.84-1.15x
-exact Top-k's time at CF 100 and 1000 from 1M to 6.5M entries, against 1.27-1.63x before.
-(Earlier versions: the steps resolved on the device with one ``searchsorted`` over every
-midpoint they could visit, 2.1-3.2x Top-k; the candidates gathered into fixed buffers with
-``nonzero_static`` and everything read back in one copy, one sync but more operations, 1.3-1.85x.)
+(``benchmarks/device_primitives.py``).  The search runs on the host from one copy of the order
+statistics that decide its steps, on ``[T_many, max]`` (``T_many`` the magnitude of rank
+``floor(k (1 + tolerance)) + 1``: every midpoint below it would only raise the lower end), over
+the candidates of a 16384-entry uniform sample's floor, sorted once; the kept entries are the
+first of that order, so their set is what a full sort would decide.  At low CFs (up to ~13) it
+counts on a 131072-entry sample instead, and one ``nonzero`` selects.  About 15 operations a
+call, two host synchronisations: about exact Top-k's time at CF 100 and 1000 on an H100.
+(Resolving the steps on the device, with one ``searchsorted`` over every midpoint they could
+visit, or with fixed buffers read back in one copy, takes more operations and 1.3-3x the time.)
 
 Host synchronisations per ``select``: on the CPU's torch path two (the candidate ``nonzero``
 and the final ``nonzero`` over the candidates), one at low CFs; on accelerators two (a

@@ -363,7 +363,6 @@ class TopKSelector(Selector):
     ``seed``; the global RNG is never touched).  The kept set does not depend on it.
     """
 
-
     def __init__(self, cf: float = 100.0, seed: int = 0, send_zeros: bool = True):
         super().__init__(cf)
         if not isinstance(send_zeros, bool):
@@ -372,11 +371,9 @@ class TopKSelector(Selector):
         self.send_zeros = send_zeros
         self.fixed_count = send_zeros   # without the zeros, each rank keeps its own count
 
-    def __repr__(self) -> str:
-        # (the default's repr is unchanged: checkpoints and the ranks' start-up check compare it)
-        if self.send_zeros:
-            return super().__repr__()
-        return f"{type(self).__name__}(cf={self.cf:g}, send_zeros=False)"
+    def repr_args(self) -> str:
+        # (the default's is the plain one: checkpoints and the ranks' start-up check compare it)
+        return super().repr_args() if self.send_zeros else f"cf={self.cf:g}, send_zeros=False"
 
     def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         return _topk(flat, k, lambda: self._generators(flat.device), self.send_zeros)

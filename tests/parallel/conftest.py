@@ -5,9 +5,9 @@ DDP hook's ``test_ddp_*.py``, under torchrun).
     torchrun --nproc_per_node 2 --tee 3 -m pytest tests/parallel/test_ddp_hook.py
 
 The normal test run does not collect this folder (``collect_ignore`` in tests/conftest.py);
-the tests in tests/test_*.py launch these files with ``launcher.run_parallel_tests``, under a
-timeout, and fail unless every rank's pytest passed.  Run outside horovodrun, every test
-here is skipped.
+tests/integration/test_parallel.py and test_horovod_compat.py launch these files with
+``launcher.run_parallel_tests``, under a timeout, and fail unless every rank's pytest passed.
+Run outside horovodrun, every test here is skipped.
 
 Every rank collects the same tests in the same order and runs all of them (no ``-x``):
 their collectives must match.  This file adds, for each test:
@@ -39,7 +39,7 @@ UNDER_TORCHRUN = "TORCHELASTIC_RUN_ID" in os.environ and not UNDER_HOROVODRUN
 UNDER_LAUNCHER = UNDER_HOROVODRUN or UNDER_TORCHRUN
 ELASTIC = os.environ.get("HOROVOD_ELASTIC") == "1"
 _config = None   # set by pytest_configure, for the hooks that are not given it
-# tests/test_horovod_compat.py runs some files again on torch 2.0's hook path (gradient
+# tests/integration/test_horovod_compat.py runs some files again on torch 2.0's hook path (gradient
 # accumulator nodes instead of register_post_accumulate_grad_hook), forced on this torch.
 if os.environ.get("HOROVOD_GRAVAC_TEST_NODE_HOOKS") == "1":
     import horovod_gravac.optimizer

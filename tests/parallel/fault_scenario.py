@@ -1,5 +1,5 @@
 """A fault scenario, not a test: it must fail, in a specific way.  Run on 2 ranks by
-tests/test_reliability.py, which checks how rank 0 failed and how soon the job ended:
+tests/integration/test_faults.py, which checks how rank 0 failed and how soon the job ended:
 
     horovodrun -np 2 -H localhost:2 --gloo python tests/parallel/fault_scenario.py KIND TIMEOUT
 

@@ -7,6 +7,7 @@ import torch
 
 import horovod.torch as hvd
 import horovod_gravac as hg
+from horovod_gravac.controllers import DEFAULT_VARIANT, DeliveredGraVAC, LadderGraVAC, PaperGraVAC
 
 hvd.init()
 torch.set_num_threads(1)
@@ -62,11 +63,18 @@ def release(opt):
     opt.close()
 
 
-class StepTimedGraVAC(hg.GraVAC):
-    """GraVAC fed a constant step time (1 s): throughput is then N * gain, so every
-    decision depends on gradients only and a resumed run can be compared bit for bit
-    with an uninterrupted one.  (Real GraVAC measures step times, which differ
-    between any two runs.)"""
-
+class _ConstantStepTime:
     def observe(self, obs):
         return super().observe(dataclasses.replace(obs, step_time=1.0))
+
+
+_STEP_TIMED = {cls.variant: type(f"StepTimed{cls.__name__}", (_ConstantStepTime, cls), {})
+               for cls in (PaperGraVAC, LadderGraVAC, DeliveredGraVAC)}
+
+
+def StepTimedGraVAC(variant=DEFAULT_VARIANT, **kwargs):
+    """GraVAC (the rule set ``variant`` names) fed a constant step time (1 s): throughput is
+    then N * gain, so every decision depends on gradients only and a resumed run can be
+    compared bit for bit with an uninterrupted one.  (Real GraVAC measures step times,
+    which differ between any two runs.)"""
+    return _STEP_TIMED[variant](variant=variant, **kwargs)

@@ -1,5 +1,5 @@
 """Checkpoint and resume across two separate jobs, on 2 real ranks (launched by
-tests/test_reliability.py): ``test_ckpt_reference`` in one horovodrun, ``test_ckpt_resume``
+tests/integration/test_parallel.py): ``test_ckpt_reference`` in one horovodrun, ``test_ckpt_resume``
 in a fresh one, both with $GRAVAC_CKPT_DIR, the folder of the checkpoint files.
 """
 import os
@@ -18,7 +18,7 @@ from ranks import (RANK, StepTimedGraVAC, assert_identical_across_ranks, flat_pa
 
 CKPT_DIR = os.environ.get("GRAVAC_CKPT_DIR")
 pytestmark = [pytest.mark.sizes(2),
-              pytest.mark.skipif(CKPT_DIR is None, reason="needs $GRAVAC_CKPT_DIR (set by tests/test_reliability.py)")]
+              pytest.mark.skipif(CKPT_DIR is None, reason="needs $GRAVAC_CKPT_DIR (set by tests/integration/test_parallel.py)")]
 
 N_STEPS, M_STEPS = 7, 6
 # Must resume bit for bit (SIDCo, DGC and RedSync, sampled or not, too, while they exist)

@@ -1,4 +1,4 @@
-"""Drop-in checks on 2 ranks (launched by tests/test_horovod_compat.py): Horovod's
+"""Drop-in checks on 2 ranks (launched by tests/integration/test_horovod_compat.py): Horovod's
 GradScaler recipe for mixed precision.
 """
 import pytest

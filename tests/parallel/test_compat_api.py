@@ -1,4 +1,4 @@
-"""Drop-in checks on 2 ranks (launched by tests/test_horovod_compat.py): the API surface,
+"""Drop-in checks on 2 ranks (launched by tests/integration/test_horovod_compat.py): the API surface,
 the Dense controller bitwise equal to Horovod, sparse gradients, compression keeping ranks
 identical (also on 3 ranks), freezing, unfreezing and add_param_group after wrapping.
 """

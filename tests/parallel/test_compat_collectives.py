@@ -1,5 +1,5 @@
 """Drop-in checks prone to hangs, on 2 ranks and some on 3 (launched by
-tests/test_horovod_compat.py; one also under MPI): user collectives between and during
+tests/integration/test_horovod_compat.py; one also under MPI): user collectives between and during
 steps, broadcast_optimizer_state on a fresh optimizer, the resume recipe, hvd.join() with
 uneven data.
 """

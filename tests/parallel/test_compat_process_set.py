@@ -1,6 +1,6 @@
 """process_set: only ranks 0 and 1 train; rank 2 is in the job but never involved.
 
-Run on 3 ranks (launched by tests/test_horovod_compat.py), in one of two modes:
+Run on 3 ranks (launched by tests/integration/test_horovod_compat.py), in one of two modes:
   static:  hvd.init(process_sets=[ps]) with ps = hvd.ProcessSet([0, 1])
   dynamic: HOROVOD_DYNAMIC_PROCESS_SETS=1, hvd.init(), ps = hvd.add_process_set([0, 1])
 Ranks 0 and 1 train the same model with hvd.DistributedOptimizer(process_set=ps) and

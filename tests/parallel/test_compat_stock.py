@@ -1,4 +1,4 @@
-"""Drop-in check on 2 ranks (launched by tests/test_horovod_compat.py, alone: it may
+"""Drop-in check on 2 ranks (launched by tests/integration/test_horovod_compat.py, alone: it may
 leave Horovod's state behind): stock ``hvd.DistributedOptimizer`` with one of our compressors.
 """
 import pytest

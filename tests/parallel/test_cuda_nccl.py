@@ -1,8 +1,7 @@
 """The optimizer on CUDA under horovodrun, one GPU per rank.  Marked ``cuda``: skipped
 where torch.cuda.is_available() is False (tests/conftest.py).
 
-Run by scripts/gpu_check.sh (on an H200 with one rank: 13 passed,
-benchmarks/results/gpu_h200/nccl_optimizer.txt):
+Run by scripts/gpu_check.sh (its latest output: benchmarks/results/gpu/nccl_optimizer.txt):
 
     horovodrun -np 2 -H localhost:2 --gloo python -m pytest -v -s tests/parallel/test_cuda_nccl.py
 

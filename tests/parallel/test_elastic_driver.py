@@ -1,4 +1,4 @@
-"""Horovod elastic under a real driver, launched by tests/test_reliability.py as
+"""Horovod elastic under a real driver, launched by tests/integration/test_parallel.py as
 ``horovodrun --min-np 1 --max-np 2 --host-discovery-script ...`` (skipped in any other
 launch).  The discovery script lists localhost:1 and 127.0.0.1:1, then localhost:2 once
 $GRAVAC_ELASTIC_FLAG exists.
@@ -17,7 +17,7 @@ from horovod_gravac.elastic import TorchState
 from ranks import flat_params, train_steps
 
 pytestmark = pytest.mark.skipif(os.environ.get("HOROVOD_ELASTIC") != "1" or not os.environ.get("GRAVAC_ELASTIC_FLAG"),
-                                reason="runs under horovodrun's elastic driver (tests/test_reliability.py)")
+                                reason="runs under horovodrun's elastic driver (tests/integration/test_parallel.py)")
 STEPS, FAIL_AT, GROW_AT = 24, 8, 14
 
 

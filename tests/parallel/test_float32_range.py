@@ -1,4 +1,4 @@
-"""Gradients at the edge of float32's range, on 2 real ranks (launched by tests/test_overflow.py).
+"""Gradients at the edge of float32's range, on 2 real ranks (launched by tests/integration/test_parallel.py).
 
 A large but finite float32 entry (1e20) is an ordinary gradient: it is sent, not dropped
 (its squared norm, 1e40, overflows float32 but the norms are summed in float64).  Float64

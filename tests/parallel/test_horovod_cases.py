@@ -6,7 +6,7 @@ Where Horovod's case only asserts that nothing fails, these also compare: Dense 
 Horovod's parameters bitwise (on 2 ranks: with 3, Horovod's ring sums in another order, and
 Adam-like updates magnify the last bit), and every flavour must keep ranks identical.
 
-Launched by tests/test_horovod_compat.py on 2 and 3 ranks.  Horovod's GPU-only cases
+Launched by tests/integration/test_horovod_compat.py on 2 and 3 ranks.  Horovod's GPU-only cases
 (model parallelism across two GPUs, the Adasum delta optimizer) are not here: Adasum is
 refused by horovod_gravac with a ValueError (test_compat_api.py), and the CUDA paths are
 in test_cuda_nccl.py.

@@ -1,5 +1,5 @@
 """hvd.join() with uneven data under every controller, on real ranks (2 and 3, launched
-by tests/test_join.py).
+by tests/integration/test_parallel.py).
 
 Rank r trains 2 + 2r (+ epoch) steps per epoch, then calls hvd.join(), for three epochs;
 after each join every rank takes the parameters of the last rank (it trained longest).

@@ -1,4 +1,4 @@
-"""The optimizer on real ranks (2 and 3, launched by tests/test_distributed.py).
+"""The optimizer on real ranks (2 and 3, launched by tests/integration/test_parallel.py).
 
 Horovod registers no hooks with one rank, so only these prove anything about
 communication.
@@ -385,7 +385,7 @@ def test_carried_stats_are_complete_averages():
     opt._finish_step = finish
     control = []
     train(model, opt, 8, hook=lambda s, o: control.append((o.stats["level"], o.stats["control_bytes"])))
-    # 17 header rows of 8 bytes in an allgather, 8 float32 in an allreduce (docs/API_CONTRACT.md)
+    # 17 header rows of 8 bytes in an allgather, 8 float32 in an allreduce (docs/architecture.md)
     assert all(b == (32 if level == "dense" else 136) for level, b in control), control
     assert launches[0] == carrier.index, f"the carrier was not ready first: {launches}"
     levels = {level for _, _, level in finished}

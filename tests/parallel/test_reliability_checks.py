@@ -1,4 +1,4 @@
-"""Reliability on real ranks (launched by tests/test_reliability.py): non-finite gradients,
+"""Reliability on real ranks (launched by tests/integration/test_parallel.py): non-finite gradients,
 settings that differ between ranks, odd tensors, bounded waits, a rank-0 checkpoint, and the
 elastic state's save, restore, sync and reset.  Every test runs on 2 ranks; those marked
 ``sizes(2, 3)`` also on 3.
@@ -305,7 +305,7 @@ def test_sidco_sends_about_k_at_cfs_between_the_swept_ones_on_heavy_tailed_gradi
     """Each rank's gradient is Student's t (3 degrees of freedom, a different draw per rank and
     step): SIDCo's step quality (kept / k) stays within [0.85, 1.15] at CF 30, 50 and 300 for
     every fit, where its last stage used to go unrefined (0.75 of k at CF 50 on such data,
-    tests/test_host_syncs.py), and the ranks stay identical."""
+    tests/unit/test_host_syncs.py), and the ranks stay identical."""
     from horovod_gravac.compressors import SIDCoCompressor
     from horovod_gravac.selection.fits import DISTRIBUTIONS
     for dist in DISTRIBUTIONS:
