@@ -12,12 +12,16 @@ import torch
 from launcher import PARALLEL, ROOT, horovodrun_cmd, run_parallel_tests, run_with_timeout, torchrun_cmd
 
 
+@pytest.mark.parallel
+@pytest.mark.slow
 @pytest.mark.parametrize("np_", [2, 3])
 def test_ddp_hook_on_ranks(np_):
     """Every test of parallel/test_ddp_hook.py, in one torchrun launch per size."""
     run_parallel_tests(np_, "test_ddp_hook.py", timeout=300, launcher=torchrun_cmd(np_))
 
 
+@pytest.mark.parallel
+@pytest.mark.slow
 @pytest.mark.parametrize("np_", [2, 3])
 def test_static_topk_follows_the_horovod_backends_trajectory(np_, tmp_path):
     """StaticCF(10) Top-k through DDP's hook and through hg.DistributedOptimizer: the same
