@@ -87,3 +87,12 @@ def test_ddp_path_runs_where_horovod_cannot_be_imported():
     p = subprocess.run([sys.executable, "-c", _WITHOUT_HOROVOD], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=120)
     assert p.returncode == 0 and p.stdout.startswith("ok"), p.stdout + p.stderr
+
+
+@pytest.mark.parallel
+def test_launch_script_smoke_trains_two_local_ranks():
+    """launch/run_ddp.sh with SMOKE=1: 2 local Gloo processes through the hook, 20 steps."""
+    cmd = ["bash", str(ROOT / "launch" / "run_ddp.sh"), "--epsilon", "0.3", "--theta-min", "2"]
+    rc, out = run_with_timeout(cmd, 240, env={"SMOKE": "1", "PYTHON": sys.executable, "DRY_RUN": "0"})
+    assert rc == 0, out[-4000:]
+    assert "done: 20 steps" in out and "on 2 ranks" in out, out[-4000:]

@@ -28,7 +28,8 @@ MPI_FLAGS = ("-bind-to none -map-by slot -x NCCL_DEBUG -x LD_LIBRARY_PATH -x PAT
 SCRIPT_VARS = """DRY_RUN SMOKE LAUNCHER HOSTS HOSTFILE NP GLOO SSH_PORT NETWORK_INTERFACE MODEL
 PRESET DATA DATA_ROOT STEPS BATCH_SIZE LR SEED REPORT_ROOT TRAIN CONFIG COMPRESSOR CF
 COMPRESSORS CFS THETA_MIN THETA_MAX EPSILON OMEGA WINDOW POLICY LOW_CF HIGH_CF POWERSGD_RANK
-ACCORDION_THRESHOLD ACCORDION_INTERVAL NCCL_DEBUG NCCL_SOCKET_IFNAME""".split()
+ACCORDION_THRESHOLD ACCORDION_INTERVAL NCCL_DEBUG NCCL_SOCKET_IFNAME NNODES NPROC_PER_NODE RDZV_ENDPOINT
+RDZV_ID CONTROLLER""".split()
 
 
 def run(script, *args, dry=True, path=None, **env):
@@ -332,6 +333,29 @@ def test_shellcheck():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_ddp_script_is_multi_node_torchrun_with_c10d():
+    """launch/run_ddp.sh: torchrun with --nnodes and the c10d rendezvous (8 x 4 by default),
+    the overrides, and SMOKE=1 as 2 local processes."""
+    env = {k: v for k, v in os.environ.items() if k not in SCRIPT_VARS}
+    env["DRY_RUN"] = "1"
+
+    def dry(**extra):
+        res = subprocess.run(["bash", str(LAUNCH / "run_ddp.sh"), "--steps", "5"], cwd=ROOT,
+                             env=dict(env, **extra), capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.split()
+
+    cmd = dry()
+    assert cmd[0] == "torchrun" and cmd[cmd.index("--nnodes") + 1] == "8"
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "4" and cmd[cmd.index("--rdzv-backend") + 1] == "c10d"
+    assert cmd[cmd.index("--rdzv-endpoint") + 1] == "gravac-vm-0:29400"
+    assert cmd[-2:] == ["--steps", "5"] and cmd[cmd.index("--controller") + 1] == "gravac"
+    cmd = dry(NNODES="2", NPROC_PER_NODE="8", RDZV_ENDPOINT="n0:1234", CONTROLLER="accordion")
+    assert cmd[cmd.index("--nnodes") + 1] == "2" and cmd[cmd.index("--rdzv-endpoint") + 1] == "n0:1234"
+    assert cmd[cmd.index("--controller") + 1] == "accordion"
+    assert "--standalone" in dry(SMOKE="1")
+
+
 def test_readme_command_lines_run_dry():
     """Every launch command line in launch/README.md code blocks is accepted."""
     text = (LAUNCH / "README.md").read_text()
@@ -346,7 +370,7 @@ def test_readme_command_lines_run_dry():
         res = subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, capture_output=True,
                              text=True, timeout=60)
         assert res.returncode == 0, f"{line}: {res.stderr}"
-        assert res.stdout.startswith(("horovodrun ", "mpirun ")), line
+        assert res.stdout.startswith(("horovodrun ", "mpirun ", "torchrun ")), line
 
 
 # --------------------------------------------------------------------------- docker
