@@ -184,6 +184,42 @@ def test_residuals_follow_ddps_rebucketing():
     assert st.stats["step"] == 1, (layout, after)
 
 
+# -- mixed precision: an overflow on one rank reaches every rank ------------------------
+
+@pytest.mark.parametrize("name", ["dense", "static_topk", "gravac"])
+def test_grad_scaler_overflow_on_one_rank_skips_the_step_everywhere(name):
+    compressor, controller = {"dense": (None, hg.Dense()),
+                              "static_topk": (hg.TopKCompressor, hg.StaticCF(10)),
+                              "gravac": (hg.TopKCompressor, hg.GraVAC(theta_min=2, theta_max=64, window=2))}[name]
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    st = state(compressor=compressor, controller=controller, grad_scaler=scaler)
+    model = Net()
+    ddp = DDP(model, bucket_cap_mb=0.01)
+    ddp.register_comm_hook(st, hg.ddp.gravac_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    skipped = []
+    for step in range(5):
+        opt.zero_grad()
+        x, y = batch(step)
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        if step == 2 and RANK == SIZE - 1:
+            loss = loss * float("inf")
+        before = flat(model).clone()
+        residuals = {k: v.clone() for k, v in st.memory.residuals.items()}
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        skipped.append(st.stats["skipped"])
+        if step == 2:
+            assert torch.equal(flat(model), before)   # the scaler skipped the step here too
+            assert residuals.keys() == st.memory.residuals.keys()
+            assert all(torch.equal(v, st.memory.residuals[k]) for k, v in residuals.items())
+    assert skipped == [False, False, True, False, False]
+    assert scaler.get_scale() == 2.0 ** 9
+    assert st.stats["step"] == 3   # the skipped step is not counted
+    assert_ranks_identical(flat(model), "after an overflow on one rank")
+
+
 # -- errors, not hangs ------------------------------------------------------------------------
 
 def test_mismatched_settings_fail_on_every_rank():
