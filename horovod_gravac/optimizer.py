@@ -233,6 +233,13 @@ class _Inspection:
         return self._step_index
 
     @property
+    def last_step_record(self) -> Optional[StepRecord]:
+        """What the last finished step recorded on this rank (None before the first): its
+        squared norms before averaging (``norms``, ``grad_sq``) and the rank-averaged
+        statistics its carrier bucket brought (``step_stats``).  Read it, don't change it."""
+        return self._last_record
+
+    @property
     def collective_prefix(self) -> str:
         """What this optimizer's collective names start with (``gravac``, ``gravac1``, ...)."""
         return self._prefix
@@ -337,6 +344,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._step_start: Optional[float] = None
         self._scale = 1.0            # the loss scale of the step's gradients (grad_scaler)
         self._record = StepRecord()  # what this step has done so far
+        self._last_record: Optional[StepRecord] = None
         self._stats: Dict[str, float] = {}
         self._last_collectives: Tuple[tuple, ...] = ()
         self._hooks = _GradientHooks()
@@ -469,7 +477,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if not skipped:
             self._step_index += 1
         self._step_start = time.perf_counter()
-        self._record = StepRecord()
+        self._last_record, self._record = record, StepRecord()
 
     @property
     def controller(self) -> Controller:

@@ -846,7 +846,7 @@ HG_CLONES void hg_stratified_draw(int64_t n, int64_t k, uint64_t key, int32_t *o
 /* -- SIDCo's host path: stages, fits, refinement rounds and selection in one call -------------- */
 
 /* HostStages.select (selection/sidco_host.py) for the CPU host path, step for step and in
- * the same double arithmetic, so that both select the same entries (tests/test_host_path.py runs
+ * the same double arithmetic, so that both select the same entries (tests/unit/test_host_path.py runs
  * both on the same inputs and compares them).  In Python its few hundred scalar operations, the
  * ten-odd ctypes calls and the NumPy arrays between them cost 0.04-0.23 ms a call: as much as the
  * selection pass of a 1M-entry bucket, and the part of SIDCo's cost its definition does not ask for.

@@ -365,29 +365,53 @@ def test_carried_stats_are_complete_averages():
     layout = opt.bucket_layout
     carrier = layout[-1]   # (the last bucket carries the statistics)
     assert len(layout) >= 3 and set(carrier.names) == {"head.weight", "head.bias"}, [b.names for b in layout]
-    finished, launches = [], []
-    # (white-box: the step's own record holds this rank's norms before they are averaged)
-    original, original_launch = opt._finish_step, opt._launch
+    # The order in which the buckets' gradients are all in, from hooks of the test's own...
+    accumulated, hooks = [], []
+    for name, p in model.named_parameters():
+        hooks.append(p.register_post_accumulate_grad_hook(lambda p, name=name: accumulated.append(name)))
+    # ... and the order in which their collectives start, from the backend's calls.
+    backend, started, bucket_prefix = opt.backend, [], opt.collective_prefix + ".bucket."
+    for method in ("allreduce_async", "allgather_async", "pair_exchange_async"):
+        def start(tensor, name, *args, original=getattr(backend, method), **kw):
+            if name.startswith(bucket_prefix) and name[len(bucket_prefix):].isdigit():   # a first phase
+                started.append(int(name[len(bucket_prefix):]))
+            return original(tensor, name, *args, **kw)
+        setattr(backend, method, start)
+    ready, launched, finished = [], [], []
 
-    def launch(bucket):
-        launches.append(bucket.index)
-        original_launch(bucket)
-        if bucket.index == carrier.index and len(layout) > opt._record.launched:
-            assert bucket.handle is None and not bucket.transfer.started, "the carrier started early"
-    opt._launch = launch
-
-    def finish(comm_time, skipped=False):
-        record = opt._record
+    def record_step(step, o):
+        done, complete = set(), []
+        for name in accumulated:
+            done.add(name)
+            complete += [b.index for b in layout if b.index not in complete and set(b.names) <= done]
+        ready.append(complete)
+        launched.append(list(started))
+        accumulated.clear()
+        started.clear()
+        # this rank's whole-step norms before averaging, and what the carrier brought
+        record = o.last_step_record
         n = record.norms
         finished.append(([float(n[0]), float(n[1]), float(n[2]), record.grad_sq], record.step_stats.to_list(),
-                         opt.controller.decision.level))
-        return original(comm_time, skipped)
-    opt._finish_step = finish
+                         o.stats["level"]))
     control = []
-    train(model, opt, 8, hook=lambda s, o: control.append((o.stats["level"], o.stats["control_bytes"])))
+
+    def hook(step, o):
+        control.append((o.stats["level"], o.stats["control_bytes"]))
+        record_step(step, o)
+    try:
+        train(model, opt, 8, hook=hook)
+    finally:
+        for h in hooks:
+            h.remove()
+        for method in ("allreduce_async", "allgather_async", "pair_exchange_async"):
+            delattr(backend, method)   # (the class's methods again)
     # 17 header rows of 8 bytes in an allgather, 8 float32 in an allreduce (docs/architecture.md)
     assert all(b == (32 if level == "dense" else 136) for level, b in control), control
-    assert launches[0] == carrier.index, f"the carrier was not ready first: {launches}"
+    # The carrier's gradients were in first, and its collective, held until every other
+    # bucket was compressed, started last: every step.
+    assert all(order[0] == carrier.index for order in ready), f"the carrier was not ready first: {ready}"
+    assert all(order[-1] == carrier.index and sorted(order) == sorted(b.index for b in layout)
+               for order in launched), f"the carrier started early: {launched}"
     levels = {level for _, _, level in finished}
     assert {"dense", "min"} <= levels or {"dense", "candidate"} <= levels, levels
     for step, (local, carried, level) in enumerate(finished):
