@@ -210,7 +210,7 @@ def sync_first_step(exchange, controller: Controller, step_index: int, name: str
 
 
 def observe_step(exchange, controller: Controller, step_stats, step_time: float, world: int,
-                 at_boundary: bool, skipped: bool, stats: dict) -> None:
+                 at_boundary: bool, skipped: bool, stats: dict, comm_time: float = 0.0) -> None:
     """Feed the finished step to the controller: through the exchange (adaptive
     controllers), or directly (static ones; a skipped step is not fed)."""
     if exchange is not None and controller.needs_consensus:

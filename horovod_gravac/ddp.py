@@ -253,11 +253,12 @@ class GravacState:
         now = time.perf_counter()
         step_time = now - self._step_start
         ctrl = self.controller
+        comm_time = now - t_comm   # waiting for the step's transfers, as the optimizer's
         stats = record.summary(self.step_index, ctrl.decision, sum(b.numel for b in steps), step_time,
-                               now - t_comm, skipped)
+                               comm_time, skipped)
         self.last_collectives = tuple(record.collectives)
         observe_step(self.exchange, ctrl, record.step_stats, step_time, self.link.world, record.at_boundary,
-                     skipped, stats)
+                     skipped, stats, comm_time)
         self.stats = stats
         if not skipped:
             self.step_index += 1
