@@ -46,12 +46,13 @@ from .wire import N_STATS, StepStats  # noqa: F401  (N_STATS: part of this modul
 CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compression_throughput", "next_cf")
 
 
-def observation(step_stats: StepStats, step_time: float, world: int, at_boundary: bool) -> StepObservation:
+def observation(step_stats: StepStats, step_time: float, world: int, at_boundary: bool,
+                comm_time: float = 0.0) -> StepObservation:
     """The controller's view of one step, from the rank-averaged statistics."""
     s = step_stats
     return StepObservation(
         ef_sq=s.ef_sq, min_sq=s.min_sq, candidate_sq=s.candidate_sq,
-        step_time=step_time, samples=float(world), grad_sq=s.grad_sq,
+        step_time=step_time, samples=float(world), grad_sq=s.grad_sq, comm_time=comm_time,
         accumulated_sq=s.accumulated_sq if at_boundary else None,
         window_dot=s.window_dot if at_boundary else None,
         window_sent_sq=s.window_sent_sq if at_boundary else None,
@@ -91,14 +92,14 @@ class DecisionExchange(_Exchange):
         return comm.group_rank(self.process_set) == 0
 
     def start(self, step_stats: StepStats, step_time: float, world: int, at_boundary: bool,
-              observe: bool, stats: dict) -> None:
+              observe: bool, stats: dict, comm_time: float = 0.0) -> None:
         """Observe this step.  ``observe=False``: the step is not fed to the controller
         (every rank skipped it: a loss-scaler overflow, or no statistics arrived)."""
         ctrl = self.controller
         if observe:
             check = ctrl.checks_at(ctrl.step + 1)
             sent = ctrl.decision   # what this step did: the same on every rank since the last check
-            ctrl.observe(observation(step_stats, step_time, world, at_boundary))
+            ctrl.observe(observation(step_stats, step_time, world, at_boundary, comm_time))
             if check:   # rank 0's state (and decision) on every rank
                 root = self.is_root()
                 state, root_sent = comm.broadcast_object((ctrl.state_dict(), sent) if root else None,
@@ -143,11 +144,12 @@ class JoinSafeExchange(_Exchange):
     a checkpoint), every rank takes the controller state and step index of the one
     furthest ahead first.  Static controllers with a shared-seed compressor use it for
     the step index alone.  Statistics of step t are filled in when step t+1 starts.
-    Pending: (step_stats, step_time, world, at_boundary, observe, stats)."""
+    Pending: (step_stats, step_time, world, at_boundary, observe, stats, comm_time); the
+    step and communication times observed are means over the ranks that took part."""
 
     def start(self, step_stats: StepStats, step_time: float, world: int, at_boundary: bool,
-              observe: bool, stats: dict) -> None:
-        self._pending = (step_stats, step_time, world, at_boundary, observe, stats)
+              observe: bool, stats: dict, comm_time: float = 0.0) -> None:
+        self._pending = (step_stats, step_time, world, at_boundary, observe, stats, comm_time)
 
     def begin_step(self, step_index: int, world: int) -> int:
         """The collective part (every rank, before its step's first bucket).  Returns the
@@ -156,10 +158,11 @@ class JoinSafeExchange(_Exchange):
         me = comm.group_rank(self.process_set)
         ctrl = self.controller
         step_time = self._pending[1] if self._pending is not None else 0.0
-        buf = torch.zeros(2 + world, dtype=torch.float64)
-        buf[0], buf[1], buf[2 + me] = step_time, 1.0, float(step_index + 1)
+        comm_time = self._pending[6] if self._pending is not None else 0.0
+        buf = torch.zeros(3 + world, dtype=torch.float64)
+        buf[0], buf[1], buf[2], buf[3 + me] = step_time, 1.0, comm_time, float(step_index + 1)
         comm.wait(comm.allreduce_sum_async(buf, self.name, self.process_set), self.name, self.timeout)
-        active, steps = buf[1].item(), buf[2:].tolist()
+        active, steps = buf[1].item(), buf[3:].tolist()
         present = [s for s in steps if s > 0]
         if any(s != present[0] for s in present):
             src = max(range(world), key=lambda r: (steps[r], -r))
@@ -171,10 +174,11 @@ class JoinSafeExchange(_Exchange):
             self._pending = None   # observed with a step time the others do not share
             return int(state[1])
         if self._pending is not None:
-            step_stats, _, world_, at_boundary, observe, stats = self._pending
+            step_stats, _, world_, at_boundary, observe, stats, _ = self._pending
             self._pending = None
             if observe:
-                ctrl.observe(observation(step_stats, buf[0].item() / max(active, 1.0), world_, at_boundary))
+                ctrl.observe(observation(step_stats, buf[0].item() / max(active, 1.0), world_, at_boundary,
+                                         buf[2].item() / max(active, 1.0)))
             self._fill_stats(stats)
         return step_index
 
@@ -203,7 +207,7 @@ def sync_first_step(exchange, controller: Controller, step_index: int, name: str
 
 
 def observe_step(exchange, controller: Controller, step_stats, step_time: float, world: int,
-                 at_boundary: bool, skipped: bool, stats: dict) -> None:
+                 at_boundary: bool, skipped: bool, stats: dict, comm_time: float = 0.0) -> None:
     """Feed the finished step to the controller: through the exchange (adaptive
     controllers), or directly (static ones; a skipped step is not fed)."""
     if exchange is not None and controller.needs_consensus:
@@ -212,6 +216,6 @@ def observe_step(exchange, controller: Controller, step_stats, step_time: float,
         observed = not skipped and step_stats is not None
         stats.update(dict.fromkeys(CONSENSUS_STATS))   # filled in by the exchange
         exchange.start(step_stats if step_stats is not None else StepStats(), step_time, world, at_boundary,
-                       observe=observed, stats=stats)
+                       observe=observed, stats=stats, comm_time=comm_time)
     elif not skipped:
-        controller.observe(StepObservation(0.0, 0.0, 0.0, step_time))
+        controller.observe(StepObservation(0.0, 0.0, 0.0, step_time, comm_time=comm_time))

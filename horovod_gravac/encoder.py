@@ -211,8 +211,7 @@ class BucketEncoder:
         ||G||^2, <D, G> and ||D||^2 of the interval's sums (else 0), and whether any bucket
         was NaN/Inf (all unscaled)."""
         ctrl = self.controller
-        interval = ctrl.accumulation_interval
-        record.at_boundary = interval is not None and (ctrl.step + 1) % interval == 0
+        record.at_boundary = ctrl.interval_ends_at(ctrl.step + 1)
         window = (0.0, 0.0, 0.0)
         if record.at_boundary:   # the interval's sums, then start new ones
             window = self.interval.take_window(buckets)

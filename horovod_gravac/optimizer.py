@@ -438,7 +438,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                                step_time, comm_time, skipped)
         self._last_collectives = tuple(record.collectives)
         observe_step(self._exchange, ctrl, record.step_stats, step_time, self.world_size, record.at_boundary,
-                     skipped, stats)
+                     skipped, stats, comm_time)
         self._stats = stats
         if not skipped:
             self._step_index += 1

@@ -32,12 +32,17 @@ from .base import DENSE, Controller, Decision, StepObservation, bounded_history
 DEFAULT_VARIANT = "ladder"
 
 #: GraVAC's rule sets: Algorithm 1 as published, the ladder, the delivered gain.
-VARIANTS = ("paper", "ladder", "delivered")
+VARIANTS = ("paper", "ladder", "delivered", "predictive")
 
 #: epsilon when none is given.  "paper" and "ladder" compare the paper's per-step gain with it
 #: (0.7, the paper's default).  "delivered" compares another quantity, the share of a window's
 #: debt that error feedback delivered, which reads higher: it needs 0.9 to keep dense accuracy.
-DEFAULT_EPSILON = {"paper": 0.7, "ladder": 0.7, "delivered": 0.9}
+DEFAULT_EPSILON = {"paper": 0.7, "ladder": 0.7, "delivered": 0.9, "predictive": 0.9}
+
+
+#: The scaling policy when none is given.
+DEFAULT_POLICY = {"paper": "exponential", "ladder": "exponential", "delivered": "exponential",
+                  "predictive": "geometric"}
 
 
 def _check_int(value, name: str, low: int) -> int:
@@ -59,7 +64,9 @@ class GraVAC(Controller):
         omega: relative tolerance for "gains equal" (theta_min scale-up) and
             "throughput saturated" (stop rule), >= 0.
         window: steps per evaluation window (>= 1).
-        policy: "exponential" | "geometric" | a ScalingPolicy.
+        policy: "exponential" | "geometric" | a ScalingPolicy; None: the rule set's own
+            (``DEFAULT_POLICY``: exponential, as in the paper; geometric for "predictive",
+            whose one move may skip rungs, so finer rungs cost no climbing time).
         ewma_alpha: gain smoothing factor; None = the paper's N/100 for N ranks
             (set by the optimizer through ``set_world_size``).
         batch_size: per-rank samples per step, for T_sys in samples/s (else steps/s x N).
@@ -113,7 +120,7 @@ class GraVAC(Controller):
         return super().__new__(cls)
 
     def __init__(self, theta_min: float = 10.0, theta_max: float = 1000.0, epsilon: Optional[float] = None,
-                 omega: float = 0.01, window: int = 500, policy="exponential",
+                 omega: float = 0.01, window: int = 500, policy=None,
                  ewma_alpha: Optional[float] = None, batch_size: Optional[int] = None,
                  variant: Optional[str] = None, remeasure_windows: int = 4, hold_windows: int = 1,
                  split_rungs: bool = False):
@@ -151,7 +158,7 @@ class GraVAC(Controller):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         self.epsilon = float(epsilon)
         self.omega = float(omega)
-        self.policy = make_policy(policy)
+        self.policy = make_policy(DEFAULT_POLICY.get(variant, "exponential") if policy is None else policy)
         self.ewma_alpha = ewma_alpha
         self.batch_size = batch_size
         self.world_size = 1
