@@ -14,8 +14,8 @@ at their checks only, from the step time, which each rank measures for itself
   other ranks load it, so every rank leaves the check with rank 0's state.
 
 Measured on 2 CPU ranks, one small broadcast per step cost 1.3-1.4x a static step on
-models under a million parameters (``benchmarks/step_overhead.py --no-broadcast-row``);
-one per window costs nothing measurable.  Were a rank's arithmetic ever to differ
+models under a million parameters; one per window costs nothing measurable.
+Were a rank's arithmetic ever to differ
 between checks, the ranks would still aggregate the same allgathered payloads (the same
 update everywhere); a dense step on one rank against a sparse one on another is a
 mismatch Horovod reports as an error.  The next check puts every rank back on rank 0's

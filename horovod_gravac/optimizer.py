@@ -453,7 +453,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def stats(self) -> Dict[str, float]:
-        """What the last step did (see docs/API_CONTRACT.md), the gains and ``next_cf``
+        """What the last step did (docs/architecture.md, "What a step reports"), the gains and ``next_cf``
         included: ``step()`` fills them in before it returns."""
         return self._stats
 
@@ -779,7 +779,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             an allgather), sparse gradients are densified, and adaptive controllers agree
             through one small blocking allreduce at the start of each step.
 
-    After each step, ``optimizer.stats`` describes it (see docs/API_CONTRACT.md).
+    After each step, ``optimizer.stats`` describes it (docs/architecture.md, "What a step reports").
     """
     if _is_gravac_compressor(compression):
         if compressor is not None:

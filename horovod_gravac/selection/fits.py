@@ -127,7 +127,7 @@ def gamma_upper_quantile_host(alpha: float, density: float) -> float:
     """:func:`gamma_upper_quantile` with Python floats: the same starting points and Newton steps.
 
     With the native kernels the loops run in C (``native.gamma_upper_quantile``, the same double:
-    ``tests/test_host_path.py`` compares them): here each of its ~7 evaluations of ``Q`` is a
+    ``tests/unit/test_host_path.py`` compares them): here each of its ~7 evaluations of ``Q`` is a
     Python loop, 10-40 us a call, which made SIDCo gamma 2.0x exact Top-k at 262K entries and
     CF 1000."""
     density = min(max(density, 1e-300), 1.0 - 1e-12)

@@ -104,7 +104,7 @@ class HostStages:
 
         Sets ``stages_fitted`` and ``passes`` (streaming passes over the tensor that fitted a
         stage).  ``kernels.c``'s ``hg_sidco_select`` is this function in C for the CPU host path
-        (``sidco_native.py``): a change here goes there too (``tests/test_host_path.py`` compares
+        (``sidco_native.py``): a change here goes there too (``tests/unit/test_host_path.py`` compares
         the two)."""
         sel = self.selector
         squares = sel.distribution != "exponential"

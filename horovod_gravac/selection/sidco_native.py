@@ -1,7 +1,7 @@
 """SIDCo's CPU host path in C: after the sample, the whole of
 :meth:`~.sidco_host.HostStages.select` runs in ``native.sidco_select`` (``kernels.c``'s
 ``hg_sidco_select``), step for step and in the same double arithmetic, so both keep the same
-entries (``tests/test_host_path.py`` compares them).  In Python the scalar work between the
+entries (``tests/unit/test_host_path.py`` compares them).  In Python the scalar work between the
 native passes costs about as much as the selection pass of a 1M-entry bucket; in C it is
 negligible.  ``sidco._NATIVE_STAGES`` switches back to the Python version.
 """

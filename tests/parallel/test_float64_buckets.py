@@ -1,5 +1,5 @@
-"""Float64 models under compression, on real ranks (launched by tests/test_float64.py on 2 and
-3 Gloo ranks).
+"""Float64 models under compression, on real ranks (launched by tests/integration/test_parallel.py
+on 2 and 3 Gloo ranks).
 
 A bucket of float64 parameters is compressed, sent and remembered in float64: float64 values
 with int32 indices (12 bytes an entry), float64 residuals.  Checked for every controller and
