@@ -59,8 +59,8 @@ class GraVAC(Controller):
         theta_min: lowest CF, the first compression level (>= 1).
         theta_max: highest CF a candidate may reach (>= theta_min).
         epsilon: minimum smoothed gain for a CF to be sent, in (0, 1]; by default
-            ``DEFAULT_EPSILON[variant]``: 0.7, and 0.9 for ``"delivered"`` (its gain is another
-            quantity).
+            ``DEFAULT_EPSILON[variant]``: 0.7, and 0.9 for ``"delivered"`` and ``"predictive"``
+            (their gain is another quantity).
         omega: relative tolerance for "gains equal" (theta_min scale-up) and
             "throughput saturated" (stop rule), >= 0.
         window: steps per evaluation window (>= 1).
@@ -70,13 +70,14 @@ class GraVAC(Controller):
         ewma_alpha: gain smoothing factor; None = the paper's N/100 for N ranks
             (set by the optimizer through ``set_world_size``).
         batch_size: per-rank samples per step, for T_sys in samples/s (else steps/s x N).
-        variant: the rule set, one of ``VARIANTS``: ``"ladder"`` (``DEFAULT_VARIANT``,
-            :class:`~.ladder.LadderGraVAC`), ``"paper"`` (Algorithm 1 as published,
-            :class:`~.paper.PaperGraVAC`) or ``"delivered"`` (:class:`~.delivered.DeliveredGraVAC`).
+        variant: the rule set, one of ``VARIANTS``: ``"ladder"`` (:class:`~.ladder.LadderGraVAC`),
+            ``"paper"`` (Algorithm 1 as published, :class:`~.paper.PaperGraVAC`), ``"delivered"``
+            (:class:`~.delivered.DeliveredGraVAC`) or ``"predictive"``
+            (:class:`~.predictive.PredictiveGraVAC`); ``DEFAULT_VARIANT`` names the default.
             None: ``DEFAULT_VARIANT`` for ``GraVAC(...)``, a rule set's own for its class.
         remeasure_windows: ``"ladder"``: a CF whose compression throughput is older than
             this many windows is sent again for a window before it is compared.
-            ``"delivered"``: windows before a CF that failed is tried again, doubled after
+            ``"delivered"`` (``"predictive"``: checks): windows before a CF that failed is tried again, doubled after
             each further failure of that CF, and reset when it passes.
         hold_windows: ``"delivered"``: windows a theta_min must pass, sent as theta_min,
             before the rung above it is tried (>= 0).
