@@ -91,6 +91,14 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._failures: Dict[float, int] = {}   # CF -> failed checks since it last passed
         self._interval: List[Tuple[float, float]] = []   # (step time, comm time) since the last check
 
+    def set_world_size(self, n: int) -> None:
+        if max(1, int(n)) != self.world_size:   # times measured in another world predict nothing here
+            self.comm_time.clear()
+            self.compute_time = None
+            self.predicted_step = {}
+            self._interval = []
+        super().set_world_size(n)
+
     # -- when -------------------------------------------------------------------------
     def checks_at(self, step: int) -> bool:
         return step == self._next_check

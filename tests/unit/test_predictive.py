@@ -112,3 +112,14 @@ def test_state_round_trips_and_a_restored_controller_decides_alike():
     sa = drive(a, 300, lambda cf: 1 - 0.0005 * cf, lambda cf: 1.0 / cf)
     sb = drive(b, 300, lambda cf: 1 - 0.0005 * cf, lambda cf: 1.0 / cf)
     assert sa == sb and a.decision == b.decision
+
+
+def test_a_new_world_forgets_the_step_time_model():
+    ctrl = GraVAC(variant="predictive", window=100)
+    ctrl.set_world_size(2)
+    drive(ctrl, 25, lambda cf: 0.99, lambda cf: 1.0 / cf)
+    assert ctrl.comm_time and ctrl.compute_time is not None
+    ctrl.set_world_size(2)   # the same world: kept
+    assert ctrl.comm_time
+    ctrl.set_world_size(3)
+    assert not ctrl.comm_time and ctrl.compute_time is None and ctrl.predict_step(10.0) is None
