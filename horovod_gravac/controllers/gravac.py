@@ -29,7 +29,7 @@ from .base import DENSE, Controller, Decision, StepObservation, bounded_history
 #: The rule set ``GraVAC()`` uses when none is given: the ladder (see ``ladder.py``).  It
 #: reached dense accuracy sooner than Algorithm 1 as published on every workload of the
 #: adaptivity benchmark; ``variant="paper"`` is Algorithm 1 exactly as published.
-DEFAULT_VARIANT = "predictive"
+DEFAULT_VARIANT = "ladder"
 
 #: GraVAC's rule sets: Algorithm 1 as published, the ladder, the delivered gain.
 VARIANTS = ("paper", "ladder", "delivered", "predictive")
