@@ -126,8 +126,10 @@ for _variant in VARIANTS:
 DEFAULT_GRAVAC = f"gravac-{DEFAULT_VARIANT}"
 
 # What runs at which rate: every rule set on the slow link, where compression matters; the
-# default on the fast one (where it must not cost time against Top-k 10x).
-ADAPTIVE_AT = {"100mbit": [f"gravac-{v}" for v in VARIANTS], "1gbit": [DEFAULT_GRAVAC]}
+# default and the predictive rule set on the fast one (where they must not cost time against
+# Top-k 10x).
+ADAPTIVE_AT = {"100mbit": [f"gravac-{v}" for v in VARIANTS],
+               "1gbit": sorted({DEFAULT_GRAVAC, "gravac-predictive"})}
 
 
 def adaptive_at(workload: str, rate: str) -> List[str]:
