@@ -60,7 +60,8 @@ def hg_opt(model, **kw):
 
 
 def release(opt):
-    opt.close()
+    for h in opt._hooks:
+        h.remove()
 
 
 class _ConstantStepTime:

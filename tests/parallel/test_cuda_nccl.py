@@ -96,7 +96,8 @@ def run_case(name, compressor, controller, steps=10):
         cfs.append(opt.stats["cf"])
     torch.cuda.synchronize()
     ms = 1000 * (time.perf_counter() - t0) / steps
-    opt.close()
+    for h in opt._hooks:
+        h.remove()
     flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()]).cpu()
     if not torch.isfinite(flat).all():
         raise AssertionError("parameters became non-finite")
