@@ -231,6 +231,24 @@ class GraVAC(Controller):
         """The rule set: set ``self.decision`` for the next step (and check at a window's end)."""
         raise NotImplementedError
 
+    # -- Algorithm 1's per-step choice ("paper" and "ladder") --------------------------
+    def _choose(self) -> Decision:
+        """Algorithm 1 lines 10-24: the candidate if its gain >= epsilon (and it pays, see
+        ``_candidate_pays``), else theta_min if its gain does, else dense."""
+        g_c, g_min = self.gain_candidate, self.gain_min
+        if g_c is not None and g_c >= self.epsilon and self._candidate_pays():
+            send = self.candidate_cf
+        elif g_min is not None and g_min >= self.epsilon:
+            send = self.theta_min
+        else:
+            send = DENSE
+        return Decision(send, self.theta_min, self.candidate_cf)
+
+    def _candidate_pays(self) -> bool:
+        """Whether a candidate that passes epsilon is worth sending: always, as published
+        (the ladder also asks its measured compression throughput)."""
+        return True
+
     # -- the policy's ladder -------------------------------------------------------
     def _rung_above(self, cf: float) -> float:
         return self.policy.next_cf(cf, self.theta_min0, self.theta_max)
