@@ -179,9 +179,8 @@ def measure(args, name, spec):
            "fp32_param_copy": 4 * sum(p.numel() for p in params),
            "bytes_sent": getattr(opt, "stats", {}).get("bytes_sent", 4 * sum(p.numel() for p in params)),
            "step_s": sorted(times)[len(times) // 2]}
-    if hasattr(opt, "_hooks"):
-        for h in opt._hooks:
-            h.remove()
+    if hasattr(opt, "close"):
+        opt.close()
     del opt, sgd, model
     gc.collect()
     return row

@@ -7,12 +7,12 @@ drives the buckets through a step.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch._utils import _unflatten_dense_tensors
 
-if TYPE_CHECKING:   # (the transfers import Horovod)
+if TYPE_CHECKING:
     from .transfers import Transfer
 
 
@@ -81,6 +81,60 @@ class Bucket:
     def handle(self):
         """The collective in flight (None: none, or held back until the step's statistics are complete)."""
         return None if self.transfer is None else self.transfer.handle
+
+
+class BucketLayout(NamedTuple):
+    """One bucket as ``optimizer.bucket_layout`` shows it (read-only)."""
+
+    index: int                                  # in collective names and saved states
+    names: Tuple[str, ...]                      # its parameters, in the order of its flat buffer
+    numel: int                                  # entries of its flat buffer
+    dtype: Optional[torch.dtype]                # its parameters' one dtype (None: mixed)
+    value_dtype: torch.dtype                    # of its g_ef, residual and sent values
+    parameter_dtypes: Tuple[torch.dtype, ...]
+
+
+class BucketSet:
+    """An optimizer's buckets in launch order: parameter groups added later launch first, and
+    the last bucket (the carrier) also carries the step's statistics for the controller."""
+
+    def __init__(self, named: List[Tuple[str, torch.nn.Parameter]], cap_bytes: int, groups=None):
+        self.cap_bytes = cap_bytes
+        self.buckets = make_buckets(named, cap_bytes) if groups is None \
+            else grouped_buckets(named, groups, cap_bytes)
+        self.carrier: Optional[Bucket] = self.buckets[-1] if self.buckets else None
+        self.of: Dict[torch.nn.Parameter, Bucket] = {p: b for b in self.buckets for p in b.params}
+
+    def __iter__(self) -> Iterator[Bucket]:
+        return iter(self.buckets)
+
+    def __len__(self) -> int:
+        return len(self.buckets)
+
+    def add(self, named: List[Tuple[str, torch.nn.Parameter]]) -> List[Bucket]:
+        """Buckets for a new parameter group; they launch first, the carrier stays last."""
+        first = 1 + max((b.index for b in self.buckets), default=-1)
+        new = make_buckets(named, self.cap_bytes, first_index=first)
+        self.buckets = new + self.buckets
+        self.of.update((p, b) for b in new for p in b.params)
+        return new
+
+    def detach(self, p) -> Tuple[Bucket, str, int, int]:
+        """Take ``p`` out of its bucket (its gradient turned out sparse): the bucket, ``p``'s
+        name and its old slice ``[start, end)``.  An emptied bucket goes (and the carrier
+        moves to the new last one)."""
+        bucket = self.of.pop(p)
+        name = bucket.names[[i for i, q in enumerate(bucket.params) if q is p][0]]
+        start, end = bucket.remove(p)
+        if not bucket.params:
+            self.buckets.remove(bucket)
+            if self.carrier is bucket:
+                self.carrier = self.buckets[-1] if self.buckets else None
+        return bucket, name, start, end
+
+    def layout(self) -> Tuple[BucketLayout, ...]:
+        return tuple(BucketLayout(b.index, tuple(b.names), b.numel, b.dtype, b.value_dtype,
+                                  tuple(p.dtype for p in b.params)) for b in self.buckets)
 
 
 def _copy_all(dsts, srcs) -> None:

@@ -86,7 +86,7 @@ def optimizer_meta(optimizer, rank: int) -> dict:
                     optimizer.world_size, rank, layout)
 
 
-def gravac_state(controller, step: int, memory, interval, warm, buckets, meta: dict) -> dict:
+def gravac_state(controller, step: int, memory, interval, powersgd, buckets, meta: dict) -> dict:
     """``optimizer.gravac_state_dict()``: the controller's state, the step index and this
     rank's buffers (by parameter name) with their checksums and ``meta``."""
     residuals = memory.state_dict(buckets)
@@ -94,7 +94,7 @@ def gravac_state(controller, step: int, memory, interval, warm, buckets, meta: d
     return {"controller": controller.state_dict(), "residuals": residuals["residuals"],
             "velocities": residuals["velocities"], "accumulated": accumulated,
             "step": step,
-            "lowrank_q": warm.state_dict(),
+            "lowrank_q": powersgd.state_dict(),
             "residual_crc32": residual_checksums(residuals["residuals"]),
             "velocity_crc32": residual_checksums(residuals["velocities"]),
             "accumulated_crc32": residual_checksums(accumulated),
@@ -124,10 +124,10 @@ def load_controller_state(state: dict, meta: dict, controller) -> int:
     return int(state["step"])
 
 
-def load_rank_buffers(state: dict, memory, interval, warm, buckets) -> None:
+def load_rank_buffers(state: dict, memory, interval, powersgd, buckets) -> None:
     """This rank's buffers from ``state``; each part loads its own, and states written
     before velocities and interval sums were saved leave those as they are."""
-    warm.load_state_dict(state.get("lowrank_q", {}))
+    powersgd.load_state_dict(state.get("lowrank_q", {}))
     memory.load_state_dict(state, buckets)
     if "accumulated" in state:
         interval.load_state_dict(state["accumulated"], buckets)

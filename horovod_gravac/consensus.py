@@ -14,12 +14,11 @@ at their checks only, from the step time, which each rank measures for itself
   other ranks load it, so every rank leaves the check with rank 0's state.
 
 Measured on 2 CPU ranks, one small broadcast per step cost 1.3-1.4x a static step on
-models under a million parameters; one per window costs nothing measurable.
-Were a rank's arithmetic ever to differ
-between checks, the ranks would still aggregate the same allgathered payloads (the same
-update everywhere); a dense step on one rank against a sparse one on another is a
-mismatch Horovod reports as an error.  The next check puts every rank back on rank 0's
-state.
+models under a million parameters; one per window costs nothing measurable.  Were a
+rank's arithmetic ever to differ between checks, the ranks would still aggregate the same
+allgathered payloads (the same update everywhere); a dense step on one rank against a sparse
+one on another is a mismatch Horovod reports as an error.  The next check puts every rank
+back on rank 0's state.
 
 Submitting from the training thread, in program order, matters: Horovod numbers
 every collective a process submits, and a user's unnamed ``hvd.allreduce(loss)``
@@ -39,11 +38,19 @@ import warnings
 
 import torch
 
-from . import comm
+from .backend import CollectiveBackend, ReduceOp
 from .controllers import Controller, Dense, StepObservation
-from .wire import N_STATS, StepStats  # noqa: F401  (N_STATS: part of this module's API)
+from .wire import StepStats
+
 # Keys of ``optimizer.stats`` filled in by the exchange (None until it completes).
 CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compression_throughput", "next_cf")
+
+
+def ends_interval(controller: Controller) -> bool:
+    """Whether the step the controller observes next closes its accumulation interval
+    (Accordion's interval, GraVAC "delivered"'s window, the interval ends "predictive" sets
+    itself): its statistics then carry the interval's sums."""
+    return controller.interval_ends_at(controller.step + 1)
 
 
 def observation(step_stats: StepStats, step_time: float, world: int, at_boundary: bool,
@@ -62,13 +69,13 @@ def observation(step_stats: StepStats, step_time: float, world: int, at_boundary
 
 class _Exchange:
     """What both ways of agreeing share: the controller, the collective's name and bound,
-    the process set, and (join-safe mode) the step whose observation is still pending."""
+    the backend, and (join-safe mode) the step whose observation is still pending."""
 
-    def __init__(self, controller: Controller, name: str, timeout: float, process_set=None):
+    def __init__(self, controller: Controller, name: str, timeout: float, backend: CollectiveBackend):
         self.controller = controller
         self.name = name
         self.timeout = timeout
-        self.process_set = process_set
+        self.backend = backend
         self._pending = None
 
     def drop(self) -> None:
@@ -89,7 +96,7 @@ class DecisionExchange(_Exchange):
     between (see module doc).  Nothing is left in flight between steps."""
 
     def is_root(self) -> bool:
-        return comm.group_rank(self.process_set) == 0
+        return self.backend.rank() == 0
 
     def start(self, step_stats: StepStats, step_time: float, world: int, at_boundary: bool,
               observe: bool, stats: dict, comm_time: float = 0.0) -> None:
@@ -102,12 +109,11 @@ class DecisionExchange(_Exchange):
             ctrl.observe(observation(step_stats, step_time, world, at_boundary, comm_time))
             if check:   # rank 0's state (and decision) on every rank
                 root = self.is_root()
-                state, root_sent = comm.broadcast_object((ctrl.state_dict(), sent) if root else None,
-                                                         name=self.name, timeout=self.timeout,
-                                                         process_set=self.process_set)
+                state, root_sent = self.backend.broadcast_object((ctrl.state_dict(), sent) if root else None,
+                                                                 name=self.name, timeout=self.timeout)
                 if not root:
                     if sent != root_sent:   # arithmetic that differs by rank: say so, then follow rank 0
-                        warnings.warn(f"horovod_gravac: rank {comm.rank()} sent {sent} in step {ctrl.step} but "
+                        warnings.warn(f"horovod_gravac: rank {self.backend.rank()} sent {sent} in step {ctrl.step} but "
                                       f"rank 0 sent {root_sent}; taking rank 0's controller state")
                     ctrl.load_state_dict(state)
         self._fill_stats(stats)
@@ -116,19 +122,18 @@ class DecisionExchange(_Exchange):
         """Every rank takes rank 0's controller state and step index (once, before the
         first bucket).  Returns the step index to use."""
         ctrl = self.controller
-        state = comm.broadcast_object((ctrl.state_dict(), step_index) if self.is_root() else None,
-                                      name=name, timeout=self.timeout, process_set=self.process_set)
+        state = self.backend.broadcast_object((ctrl.state_dict(), step_index) if self.is_root() else None,
+                                              name=name, timeout=self.timeout)
         if not self.is_root():
             ctrl.load_state_dict(state[0])
         return int(state[1])
 
 
-def sync_step_index(step_index: int, name: str, timeout: float, process_set=None) -> int:
+def sync_step_index(step_index: int, name: str, timeout: float, backend: CollectiveBackend) -> int:
     """Rank 0's step index on every rank (static controllers: shared-seed draws depend on it)."""
     buf = torch.tensor([float(step_index)], dtype=torch.float64)
-    comm.wait(comm.broadcast_async_(buf, name, process_set), name, timeout)
+    backend.wait(backend.broadcast_async_(buf, name), name, timeout)
     return int(buf.item())
-
 
 
 class JoinSafeExchange(_Exchange):
@@ -155,20 +160,20 @@ class JoinSafeExchange(_Exchange):
         """The collective part (every rank, before its step's first bucket).  Returns the
         step index to use (the furthest rank's, after a resync).  Ranks are compared by
         step index, which also seeds shared-seed compressors (Random-k)."""
-        me = comm.group_rank(self.process_set)
+        backend = self.backend
+        me = backend.rank()
         ctrl = self.controller
         step_time = self._pending[1] if self._pending is not None else 0.0
         comm_time = self._pending[6] if self._pending is not None else 0.0
         buf = torch.zeros(3 + world, dtype=torch.float64)
         buf[0], buf[1], buf[2], buf[3 + me] = step_time, 1.0, comm_time, float(step_index + 1)
-        comm.wait(comm.allreduce_sum_async(buf, self.name, self.process_set), self.name, self.timeout)
+        backend.wait(backend.allreduce_async(buf, self.name, ReduceOp.SUM), self.name, self.timeout)
         active, steps = buf[1].item(), buf[3:].tolist()
         present = [s for s in steps if s > 0]
         if any(s != present[0] for s in present):
             src = max(range(world), key=lambda r: (steps[r], -r))
-            state = comm.broadcast_object((ctrl.state_dict(), step_index) if me == src else None,
-                                          name=self.name + ".resync", timeout=self.timeout,
-                                          process_set=self.process_set, root=src)
+            state = backend.broadcast_object((ctrl.state_dict(), step_index) if me == src else None,
+                                             name=self.name + ".resync", timeout=self.timeout, root=src)
             if me != src:
                 ctrl.load_state_dict(state[0])
             self._pending = None   # observed with a step time the others do not share
@@ -183,15 +188,15 @@ class JoinSafeExchange(_Exchange):
         return step_index
 
 
-def make_exchange(controller: Controller, prefix: str, timeout: float, process_set, join_safe: bool,
-                  shared_seed: bool):
+def make_exchange(controller: Controller, prefix: str, timeout: float, backend: CollectiveBackend,
+                  join_safe: bool, shared_seed: bool):
     """How an optimizer's ranks agree (None: they need not): rank 0's controller state at
     each check for adaptive controllers, or in join_safe mode an allreduce every step that
     also aligns the step index (shared-seed compressors)."""
     if join_safe and (controller.needs_consensus or shared_seed):
-        return JoinSafeExchange(controller, f"{prefix}.decision", timeout, process_set)
+        return JoinSafeExchange(controller, f"{prefix}.decision", timeout, backend)
     if controller.needs_consensus:
-        return DecisionExchange(controller, f"{prefix}.decision", timeout, process_set)
+        return DecisionExchange(controller, f"{prefix}.decision", timeout, backend)
     return None
 
 
@@ -202,7 +207,7 @@ def sync_first_step(exchange, controller: Controller, step_index: int, name: str
     if link.world > 1 and exchange is not None and not join_safe:
         return exchange.sync_state(step_index, name)
     if link.world > 1 and shared_seed and not isinstance(controller, Dense):
-        return sync_step_index(step_index, name, link.timeout, link.process_set)
+        return sync_step_index(step_index, name, link.timeout, link.backend)
     return step_index
 
 

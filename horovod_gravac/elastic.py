@@ -57,10 +57,10 @@ import copy
 import horovod.torch as hvd
 from horovod.torch.elastic.state import StateHandler
 
-from . import comm
+from .horovod_backend import HorovodBackend
 
 __all__ = ["TorchState", "GravacOptimizerStateHandler", "is_gravac_optimizer",
-           "reset_for_new_world", "clear_in_flight", "sync_optimizer_state"]
+           "reset_for_new_world", "sync_optimizer_state"]
 
 
 def is_gravac_optimizer(obj) -> bool:
@@ -69,22 +69,12 @@ def is_gravac_optimizer(obj) -> bool:
                                                          "reset_residuals", "set_world_size"))
 
 
-def clear_in_flight(optimizer) -> None:
-    """Forget a step that was interrupted (buckets launched, collectives never finished).
-
-    After a ``HorovodInternalError`` the handles of the interrupted step are dead; the
-    next ``zero_grad()`` would otherwise refuse to run ("called before step()").  A
-    join-safe observation still pending is dropped, so it cannot overwrite the state
-    restored afterwards."""
-    optimizer.drop_in_flight()
-
-
 def reset_for_new_world(optimizer) -> None:
     """Make the optimizer fit the current Horovod world (call on every rank after
     ``hvd.shutdown(); hvd.init()``).  See the module docstring for what is reset."""
     optimizer.drop_in_flight()
     optimizer.reset_residuals()   # residuals, velocities, interval sums: zero; warm starts: seeded
-    if optimizer.set_world_size(comm.size()) and optimizer.controller.throughput is not None:
+    if optimizer.set_world_size(hvd.size()) and optimizer.controller.throughput is not None:
         optimizer.controller.throughput.reset()   # measured in the old world
 
 
@@ -97,12 +87,12 @@ def sync_optimizer_state(optimizer, root_rank: int = 0) -> None:
     state = optimizer.state_dict()
     gravac = state.pop("gravac")
     shared = {"optimizer": state, "controller": gravac["controller"], "step": gravac["step"]}
-    shared = comm.broadcast_object(shared, name="gravac.elastic.sync", timeout=optimizer.timeout_s)
+    shared = HorovodBackend().broadcast_object(shared, name="gravac.elastic.sync", timeout=optimizer.timeout_s)
     merged = dict(shared["optimizer"])
     merged["gravac"] = {"controller": shared["controller"], "residuals": gravac["residuals"],
                         "step": shared["step"]}
     optimizer.load_state_dict(merged)
-    optimizer.set_world_size(comm.size())
+    optimizer.set_world_size(hvd.size())
     # Every rank now holds rank 0's controller state and step index: the once-per-optimizer
     # sync before the first bucket must not run again (a joining worker would run it alone).
     optimizer.mark_state_synced()
@@ -122,7 +112,9 @@ class GravacOptimizerStateHandler(StateHandler):
         self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self):
-        clear_in_flight(self.value)
+        # The interrupted step's handles are dead; the next zero_grad() would otherwise refuse
+        # to run, and a join-safe observation still pending would overwrite the restored state.
+        self.value.drop_in_flight()
         # load_state_dict keeps the given tensors: hand it a copy, keep the snapshot intact.
         saved = copy.deepcopy(self._saved)
         if isinstance(saved.get("gravac"), dict):

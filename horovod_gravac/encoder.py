@@ -4,8 +4,9 @@ Per bucket and step (the numbered steps of ``optimizer.py``'s docstring): local
 clipping, error feedback, the NaN/Inf policy, multi-level compression
 (g_min = C(g_ef, theta_min), g_c = C(g_min, theta_s)) and this rank's squared norms
 for the controller; once the step's collectives are done, residual = g_ef - sent.
-The optimizer decides when a bucket launches and starts the transfer; the encoder
-never submits a collective itself.
+Its caller (``pipeline.BucketPipeline``) decides when a bucket launches and starts the
+transfer; the encoder never submits a collective itself.  What the encoder measured and sent comes back with
+the transfer (:class:`Encoded`), for the objects that keep sums of it (``IntervalSum``).
 
 A bucket's g_ef, residual and sent values are in its ``value_dtype``: float64 for
 float64 parameters (a float64 gradient is neither rounded to float32 nor, when it is
@@ -14,39 +15,64 @@ finite beyond float32's range, turned into inf), float32 for every other dtype.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Union
 
 import torch
 
 from .accounting import StepRecord
 from .compressors.base import GradientCompressor
 from .controllers import DENSE, Controller, Decision
-from .error_feedback import ErrorFeedback, IntervalSum
+from .error_feedback import ErrorFeedback, finite_tensor
+from .lowrank import LowRankTransfer, PowerSGDState
 from .selection.payload import SparsePayload
-from .transfers import (DenseAllreduce, Link, LowRankTransfer, PairExchange, SharedIndexAllreduce,
-                        SlottedSparse, SparseAllgather, Transfer, WarmStarts)
-from .wire import StepStats
+from .transfers import (DenseAllreduce, Link, PairExchange, SharedIndexAllreduce, SlottedSparse,
+                        SparseAllgather, Transfer)
 
 _FP32_MAX = torch.finfo(torch.float32).max
 
 
+@dataclass(frozen=True)
+class EncoderSettings:
+    """How every bucket of an optimizer is encoded and sent.
+
+    ``nonfinite``: ``"propagate"`` or ``"zero"`` (see ``optimizer.py``); ``local_clip_norm``:
+    DGC's local clipping; ``join_safe``: every collective an allreduce; ``pair_exchange``: the
+    ranks are known to compress alike (the start-up check compared their compressors), so two
+    ranks may swap fixed-size payloads with ``PairExchange``; ``wire``: the user's wire
+    compression of dense sends (``compress``/``decompress``, Horovod's ``compression``);
+    ``fp16_wire``: the one for dense sends of buckets of fp16 parameters (None: as ``wire``)."""
+
+    wire: object
+    nonfinite: str = "propagate"
+    local_clip_norm: Optional[float] = None
+    join_safe: bool = False
+    pair_exchange: bool = False
+    fp16_wire: object = None
+
+
+@dataclass
+class Encoded:
+    """One bucket's step, encoded: the transfer that will send it and what it measured.
+    ``grads``: the gradients error feedback took in (None: the bucket was non-finite here
+    and nothing was measured); ``sent``: what this rank sends of the error-fed gradient, a
+    dense vector or a sparse payload, before any poisoning or wire compression (None for
+    a low-rank send or an unmeasured one)."""
+
+    transfer: Transfer
+    grads: Optional[List[Optional[torch.Tensor]]] = None
+    sent: Union[torch.Tensor, SparsePayload, None] = None
+
+
 class BucketEncoder:
-    def __init__(self, *, controller: Controller, memory: ErrorFeedback, interval: IntervalSum,
-                 warm: WarmStarts, link: Link, wire, compressor_factory: Callable[[float], GradientCompressor],
-                 prefix: str, nonfinite: str, grad_scaler, local_clip_norm: Optional[float], join_safe: bool,
-                 fp16_wire=None, pair_exchange: bool = False):
-        """``wire``: the user's Horovod ``compression`` for dense sends; ``fp16_wire``:
-        Horovod's fp16 compression, used for dense sends of buckets of fp16 parameters
-        (None: those travel as ``wire`` says).  ``pair_exchange``: the ranks are known to
-        compress alike (the start-up check compared their compressors), so two ranks may
-        swap fixed-size payloads with ``PairExchange``."""
-        self.controller, self.memory, self.interval, self.warm = controller, memory, interval, warm
-        self.link, self.wire, self.fp16_wire, self.prefix = link, wire, fp16_wire, prefix
+    def __init__(self, link: Link, settings: EncoderSettings, *, controller: Controller, memory: ErrorFeedback,
+                 powersgd: PowerSGDState, compressor_factory: Callable[[float], GradientCompressor], prefix: str):
+        """``memory``: the residuals (it forms g_ef); ``powersgd``: PowerSGD's state, for a
+        low-rank compressor; ``prefix``: of the collectives' names."""
+        self.link, self.settings, self.prefix = link, settings, prefix
+        self.controller, self.memory, self.powersgd = controller, memory, powersgd
         self.compressor_factory = compressor_factory
         self._compressors: Dict[float, GradientCompressor] = {}   # one per CF, kept (their state)
-        self.nonfinite_policy, self.grad_scaler = nonfinite, grad_scaler
-        self.local_clip_norm, self.join_safe = local_clip_norm, join_safe
-        self.pair_exchange = pair_exchange
 
     def compressor(self, cf: float) -> GradientCompressor:
         comp = self._compressors.get(cf)
@@ -58,16 +84,17 @@ class BucketEncoder:
         return f"{self.prefix}.bucket.{bucket.index}"
 
     def encode(self, bucket, decision: Decision, record: StepRecord, *, scale: float, step_index: int,
-               with_stats: bool) -> Transfer:
+               with_stats: bool) -> Encoded:
         """Error feedback and compression of ``bucket``'s gradient; the transfer that
         sends it (``with_stats``: it also carries the step's statistics)."""
         grads = _bucket_grads(bucket)
         grad_sq = _squared_norm([g for g in grads if g is not None], bucket.value_dtype)   # NaN/Inf if not sendable
         finite = math.isfinite(grad_sq)
-        if finite and self.local_clip_norm is not None:
+        clip = self.settings.local_clip_norm
+        if finite and clip is not None:
             # DGC's local clipping: each rank clips to clip_norm / sqrt(N), per bucket
             # (the whole-model norm is not known while buckets are still arriving).
-            limit = self.local_clip_norm / self.link.world ** 0.5 * scale
+            limit = clip / self.link.world ** 0.5 * scale
             if grad_sq > limit * limit:
                 factor = limit / grad_sq ** 0.5
                 for g in grads:
@@ -75,26 +102,18 @@ class BucketEncoder:
                         g.mul_(factor)
                 grad_sq = limit * limit
         g_ef = None
-        if finite:
-            if self.grad_scaler is not None:
-                self.memory.snapshot(bucket.index)
+        if finite:   # (None: residual * scale + g overflowed, and the memory undid it)
             g_ef = self.memory.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale,
                                    dtype=bucket.value_dtype)
-            if self.grad_scaler is not None and not finite_tensor(g_ef):
-                # residual * scale + g overflowed: drop this step's residual change
-                self.memory.restore(bucket.index)
-                g_ef, finite = None, False
+            finite = g_ef is not None
         if finite:
             record.grad_sq += grad_sq
-            if self.controller.needs_accumulation:   # Accordion's interval sum, unscaled
-                self.interval.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale,
-                                  backup=self.grad_scaler is not None, dtype=bucket.value_dtype)
             _park_frozen(bucket, g_ef)
             bucket.update_residual = True
-            return self._compress(bucket, g_ef, decision, record, step_index, with_stats, measure=True,
-                                  scale=scale)
+            transfer, sent = self._compress(bucket, g_ef, decision, record, step_index, with_stats, measure=True)
+            return Encoded(transfer, grads, sent)
         record.nonfinite += 1
-        return self._nonfinite(bucket, grads, decision, record, step_index, with_stats)
+        return Encoded(self._nonfinite(bucket, grads, decision, record, step_index, with_stats))
 
     def _nonfinite(self, bucket, grads, decision, record, step_index, with_stats) -> Transfer:
         """This rank's bucket holds NaN/Inf (or a value its float32 wire cannot hold).  ``propagate``:
@@ -102,8 +121,8 @@ class BucketEncoder:
         ``zero``: contribute zeros through the very same collective (in the bucket's
         ``value_dtype``, as every rank's)."""
         zeros = torch.zeros(bucket.numel, dtype=bucket.value_dtype, device=bucket.device)
-        if self.nonfinite_policy == "zero":
-            return self._compress(bucket, zeros, decision, record, step_index, with_stats, measure=False)
+        if self.settings.nonfinite == "zero":
+            return self._compress(bucket, zeros, decision, record, step_index, with_stats, measure=False)[0]
         if decision.candidate_cf == DENSE or decision.send_cf == DENSE:
             flat = zeros
             for g, (s, e) in zip(grads, bucket.offsets):
@@ -113,31 +132,31 @@ class BucketEncoder:
                 flat[0] = float("nan")
             return self._dense(bucket, flat, with_stats)
         return self._compress(bucket, zeros, decision, record, step_index, with_stats, measure=False,
-                              poison=True)
+                              poison=True)[0]
 
     def _dense(self, bucket, flat, with_stats: bool) -> Transfer:
         """A dense allreduce of ``flat`` (in the bucket's ``value_dtype``: float64 buckets travel
         in float64, as Horovod's).  A bucket of fp16 parameters travels in fp16 (``fp16_wire``)."""
         # fp16 parameters travel in fp16, as with Horovod's own optimizer (the carrier bucket,
         # with_stats, stays float32 on every rank alike)
-        wire = self.fp16_wire if bucket.dtype == torch.float16 and self.fp16_wire is not None else self.wire
+        settings = self.settings
+        fp16 = bucket.dtype == torch.float16 and settings.fp16_wire is not None
+        wire = settings.fp16_wire if fp16 else settings.wire
         return DenseAllreduce(self.link, self.bucket_name(bucket), flat, with_stats, wire)
 
     def _compress(self, bucket, g_ef, decision: Decision, record: StepRecord, step_index: int,
-                  with_stats: bool, measure: bool, poison: bool = False, scale: float = 1.0) -> Transfer:
+                  with_stats: bool, measure: bool, poison: bool = False):
+        """The transfer, and what this rank sends (None unless ``measure``)."""
         name = self.bucket_name(bucket)
-        delivery = measure and self.controller.tracks_delivery   # D += what this rank sends
         if decision.candidate_cf == DENSE:   # nothing to compress or measure: plain allreduce
-            if delivery:
-                self._add_sent(bucket, scale, dense=g_ef)
-            return self._dense(bucket, g_ef, with_stats)
+            return self._dense(bucket, g_ef, with_stats), g_ef if measure else None
         # theta_min == 1 keeps everything: the candidate then comes from g_ef directly.
         comp_min = self.compressor(decision.theta_min if decision.theta_min > DENSE else decision.candidate_cf)
         if comp_min.low_rank:
             if poison:
                 g_ef = torch.full_like(g_ef, float("nan"))
-            return LowRankTransfer(self.link, name, bucket, g_ef, comp_min, self.warm,
-                                   bucket.update_residual, with_stats)
+            return LowRankTransfer(self.link, name, bucket, g_ef, comp_min, self.powersgd,
+                                   bucket.update_residual, with_stats), None
         comp_min.set_step(step_index, bucket.index)   # shared-seed draws: per (step, bucket)
         fallbacks = getattr(comp_min, "fallbacks", 0)
         payload_min, ctx = comp_min.compress(g_ef)
@@ -157,65 +176,39 @@ class BucketEncoder:
         if quality is not None and measure:
             record.quality.append(float(quality))
         if decision.send_cf == DENSE:
-            if poison:
+            if poison:   # (never measured)
                 g_ef[0] = float("nan")
-            if delivery:
-                self._add_sent(bucket, scale, dense=g_ef)
-            return self._dense(bucket, g_ef, with_stats)
+            return self._dense(bucket, g_ef, with_stats), g_ef if measure else None
         payload = payload_c if decision.send_cf == decision.candidate_cf else payload_min
-        if delivery:
-            self._add_sent(bucket, scale, values=payload.values, indices=payload.indices)
+        sent = payload if measure else None
         if poison:   # every rank's sum must come out non-finite
             payload = _poisoned(payload, comp_min.shared_indices, bucket.device, bucket.value_dtype)
+        return self._sparse(comp_min, name, bucket, payload, decision, step_index, with_stats), sent
+
+    def _sparse(self, comp, name, bucket, payload, decision: Decision, step_index: int, with_stats: bool):
+        """The sparse transfer that fits the compressor and the settings."""
         args = (self.link, name, payload, bucket.numel, bucket.device, with_stats)
-        if comp_min.shared_indices:
+        join_safe = self.settings.join_safe
+        if comp.shared_indices:
             # The step index rides along (checked on arrival) unless join_safe's exchange aligns it.
-            return SharedIndexAllreduce(*args, None if self.join_safe else step_index)
-        if self.join_safe:
+            return SharedIndexAllreduce(*args, None if join_safe else step_index)
+        if join_safe:
             return SlottedSparse(*args, decision.send_cf)
-        if self.pair_exchange and self.link.world == 2 and comp_min.fixed_count:
+        if self.settings.pair_exchange and self.link.world == 2 and comp.fixed_count:
             return PairExchange(*args)
         return SparseAllgather(*args)
 
-    def _add_sent(self, bucket, scale: float, **sent) -> None:
-        self.interval.add_sent(bucket.index, bucket.numel, bucket.device, scale,
-                               backup=self.grad_scaler is not None, dtype=bucket.value_dtype, **sent)
-
-    def commit_residual(self, bucket, scale: float, rollback: bool) -> None:
-        """residual = g_ef - sent, once the step's collectives are done (or, for a step
-        every rank skips, the residual from before the step)."""
+    def commit_residual(self, bucket, scale: float) -> None:
+        """residual = g_ef - sent, once the step's collectives are done (a bucket whose
+        residual was formed this step)."""
         key = bucket.index
         if not bucket.update_residual or key not in self.memory.residuals:
-            return
-        if rollback:
-            self.memory.restore(key)
-            self.interval.rollback(key)
             return
         bucket.transfer.commit(self.memory, key)
         self.memory.unscale(key, scale)
         buf = self.memory.residuals[key]
         for s, e, saved in bucket.parked:
             buf[s:e].copy_(saved)
-
-    def open_window(self, bucket) -> None:
-        """A new window's G starts at this rank's residual (unscaled, just committed): what
-        the window owes is its gradients plus what error feedback still holds, so a window
-        that delivers an earlier CF's backlog is credited for it (GraVAC "delivered")."""
-        residual = self.memory.residuals.get(bucket.index)
-        if residual is not None:
-            self.interval.seed(bucket.index, residual)
-
-    def local_stats(self, record: StepRecord, buckets, scale: float) -> StepStats:
-        """This rank's statistics of the step, sent with the carrier bucket: squared norms
-        of g_ef, g_min and g_c, of the raw gradient, at an accumulation interval's end
-        ||G||^2, <D, G> and ||D||^2 of the interval's sums (else 0), and whether any bucket
-        was NaN/Inf (all unscaled)."""
-        ctrl = self.controller
-        record.at_boundary = ctrl.interval_ends_at(ctrl.step + 1)
-        window = (0.0, 0.0, 0.0)
-        if record.at_boundary:   # the interval's sums, then start new ones
-            window = self.interval.take_window(buckets)
-        return record.local_stats(scale, *window)
 
 
 def _bucket_grads(bucket) -> List[Optional[torch.Tensor]]:
@@ -260,10 +253,6 @@ def _squared_norm(grads, value_dtype: torch.dtype = torch.float32) -> float:
         if g.dtype == torch.float64 and g.numel() and float(g.abs().max()) > _FP32_MAX:
             return math.inf
     return total
-
-
-def finite_tensor(t: torch.Tensor) -> bool:
-    return bool(torch.isfinite(t).all()) if t.numel() else True
 
 
 def _sq(t: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,11 @@ a velocity ``u = m*u + g`` per bucket is accumulated into the residual instead o
 Both save themselves by parameter name (``state_dict(buckets)``), so a checkpoint
 survives another bucketing; so does :class:`IntervalSum`, Accordion's running sum of
 the raw gradients over the current interval.
+
+With a loss scaler, a step can be skipped by every rank after its residuals were formed;
+both then keep a copy of what a step changes (``undoable=True``) and :meth:`~ErrorFeedback.undo`
+puts it back.  PowerSGD's rule for what a low-rank send leaves in the residual is
+``lowrank.PowerSGDState``'s.
 """
 from __future__ import annotations
 
@@ -29,6 +34,10 @@ from typing import Dict, Iterable, Optional, Tuple
 import torch
 
 from .buckets import views_like
+
+
+def finite_tensor(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t).all()) if t.numel() else True
 
 
 def add_into_slices(buf: torch.Tensor, grads: Iterable[Optional[torch.Tensor]], offsets,
@@ -76,14 +85,23 @@ def load_by_name(buffers: Dict[int, torch.Tensor], saved: Dict[str, torch.Tensor
             buffers[b.index].zero_()
 
 
+def check_momentum(momentum) -> None:
+    if momentum is not None and not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
+        raise ValueError(f"momentum_correction must be in [0, 1) or None, got {momentum!r}")
+
+
 class ErrorFeedback:
-    def __init__(self, momentum: Optional[float] = None):
-        if momentum is not None and not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
-            raise ValueError(f"momentum_correction must be in [0, 1) or None, got {momentum!r}")
+    """Residuals (and momentum-correction velocities) per bucket.  ``undoable``: each
+    :meth:`add` first keeps a copy of what it changes, for :meth:`undo` (a loss scaler's
+    skipped steps; one more copy of the buffers)."""
+
+    def __init__(self, momentum: Optional[float] = None, undoable: bool = False):
+        check_momentum(momentum)
         self.momentum = momentum
+        self.undoable = undoable
         self.residuals: Dict[int, torch.Tensor] = {}
         self.velocities: Dict[int, torch.Tensor] = {}
-        self._snapshots: Dict[int, tuple] = {}   # see snapshot()
+        self._snapshots: Dict[int, tuple] = {}   # see _snapshot()
 
     def buffer(self, key: int, numel: int, device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         buf = self.residuals.get(key)
@@ -93,13 +111,26 @@ class ErrorFeedback:
         return buf
 
     def add(self, key: int, grads: Iterable[Optional[torch.Tensor]], offsets, numel: int, device,
-            scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """residual += concatenated gradients (missing gradients count as zero).
+            scale: float = 1.0, dtype: torch.dtype = torch.float32) -> Optional[torch.Tensor]:
+        """residual += concatenated gradients (missing gradients count as zero); returns the
+        residual buffer, which now holds g_ef.
 
         ``scale``: the gradients carry a loss scale (mixed precision) and the residual
         does not; the residual (and velocity) is scaled to match first, and
         :meth:`unscale` takes it back after sending (exact for powers of two).
-        ``dtype``: the residual's (and velocity's), the bucket's ``value_dtype``."""
+        ``dtype``: the residual's (and velocity's), the bucket's ``value_dtype``.
+        When ``undoable`` and residual * scale + g overflowed, the change is undone at once
+        and None returned."""
+        if not self.undoable:
+            return self._add(key, grads, offsets, numel, device, scale, dtype)
+        self._snapshot(key)
+        g_ef = self._add(key, grads, offsets, numel, device, scale, dtype)
+        if finite_tensor(g_ef):
+            return g_ef
+        self.undo(key)
+        return None
+
+    def _add(self, key, grads, offsets, numel, device, scale, dtype) -> torch.Tensor:
         buf = self.buffer(key, numel, device, dtype)
         if scale != 1.0:
             buf.mul_(scale)
@@ -126,10 +157,6 @@ class ErrorFeedback:
         if key in self.velocities:
             self.velocities[key].zero_()
 
-    def sent_approximation(self, key: int, approximation: torch.Tensor) -> None:
-        """A lossy (e.g. low-rank) version was sent: keep what it missed."""
-        self.residuals[key].sub_(approximation.reshape(-1))
-
     def unscale(self, key: int, scale: float) -> None:
         """Undo :meth:`add`'s ``scale`` once the step's residual is final."""
         if scale != 1.0:
@@ -137,10 +164,9 @@ class ErrorFeedback:
             if key in self.velocities:
                 self.velocities[key].div_(scale)
 
-    def snapshot(self, key: int) -> None:
-        """Remember this key's residual (and velocity) so :meth:`restore` can undo a step
-        that is later skipped (a loss-scaler overflow on some rank).  Costs one more
-        copy of the buffers; the optimizer takes it only when given a ``grad_scaler``."""
+    def _snapshot(self, key: int) -> None:
+        """Remember this key's residual (and velocity) so :meth:`undo` can undo a step
+        that is later skipped (a loss-scaler overflow on some rank)."""
         if key not in self.residuals:
             self._snapshots[key] = (None, None)
             return
@@ -154,8 +180,8 @@ class ErrorFeedback:
             vel_copy.copy_(vel)
         self._snapshots[key] = (res_copy, vel_copy)
 
-    def restore(self, key: int) -> None:
-        """Back to the last :meth:`snapshot` of ``key`` (zero if it had no residual then)."""
+    def undo(self, key: int) -> None:
+        """Back to ``key``'s buffers before the last :meth:`add` (zero if it had no residual then)."""
         res_copy, vel_copy = self._snapshots.get(key, (None, None))
         if key in self.residuals:
             if res_copy is None:
@@ -200,15 +226,45 @@ class ErrorFeedback:
 class IntervalSum:
     """Running sums over the current accumulation interval, one buffer per bucket (in its
     ``value_dtype``, as the residuals):
-    ``sums`` of the raw (unscaled) gradients G (Accordion; GraVAC's "delivered" variant
-    starts G at the residual, see ``seed``) and, when asked, ``sent`` of what this rank
-    sent D (the compressed error-fed gradient; "delivered").  Read, and restarted, at the
-    interval's end."""
+    ``sums`` of the raw (unscaled) gradients G (``gradients``: Accordion; GraVAC's
+    "delivered" variant starts G at the residual, see :meth:`owe_residuals`) and ``sent`` of
+    what this rank sent D (``delivered``: the compressed error-fed gradient).  Read, and
+    restarted, at the interval's end.  ``undoable``: each addition first keeps a copy of the
+    sum, for :meth:`undo` (a loss scaler's skipped steps)."""
 
-    def __init__(self):
+    def __init__(self, gradients: bool = False, delivered: bool = False, undoable: bool = False):
+        self.gradients, self.delivered, self.undoable = gradients, delivered, undoable
         self.sums: Dict[int, torch.Tensor] = {}
         self.sent: Dict[int, torch.Tensor] = {}
-        self._backups: Dict[Tuple[str, int], torch.Tensor] = {}   # see add(backup=True)
+        self._backups: Dict[Tuple[str, int], torch.Tensor] = {}   # see _buffer(backup=True)
+
+    def record(self, bucket, grads, sent, scale: float) -> None:
+        """One bucket's step, as far as the sums track it: G += its raw gradients ``grads``
+        (None: the bucket was non-finite here, nothing is added), D += ``sent``, what this
+        rank sent of it (a dense vector or a sparse payload).  ``scale``: the loss scale."""
+        if grads is None:
+            return
+        key, numel, device, dtype = bucket.index, bucket.numel, bucket.device, bucket.value_dtype
+        if self.gradients:
+            self.add(key, grads, bucket.offsets, numel, device, scale, self.undoable, dtype)
+        if self.delivered and sent is not None:
+            if isinstance(sent, torch.Tensor):
+                self.add_sent(key, numel, device, scale, self.undoable, dense=sent, dtype=dtype)
+            else:
+                self.add_sent(key, numel, device, scale, self.undoable, values=sent.values,
+                              indices=sent.indices, dtype=dtype)
+
+    def owe_residuals(self, buckets, residuals: Dict[int, torch.Tensor]) -> None:
+        """A new window's G starts at this rank's residuals (unscaled, just committed): what
+        the window owes is its gradients plus what error feedback still holds, so a window
+        that delivers an earlier CF's backlog is credited for it (GraVAC "delivered"; nothing
+        for sums that track no delivery)."""
+        if not self.delivered:
+            return
+        for b in buckets:
+            residual = residuals.get(b.index)
+            if residual is not None:
+                self.seed(b.index, residual)
 
     def _buffer(self, table: Dict[int, torch.Tensor], tag: str, key: int, numel: int, device,
                 backup: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -244,7 +300,8 @@ class IntervalSum:
         elif values is not None and values.numel():
             acc.index_add_(0, indices.long(), values.to(acc.dtype), alpha=1.0 / scale)
 
-    def rollback(self, key: int) -> None:
+    def undo(self, key: int) -> None:
+        """Back to bucket ``key``'s sums before this step's additions (``undoable``)."""
         for tag, table in (("sums", self.sums), ("sent", self.sent)):
             if (tag, key) in self._backups and key in table:
                 table[key].copy_(self._backups[(tag, key)])

@@ -14,15 +14,16 @@ see ``controllers/`` for who decides):
 1. g_ef = g + residual                        (error feedback, ``error_feedback.py``)
 2. g_min = C(g_ef, theta_min)                 (first level)
 3. g_c   = C(g_min, theta_s)                  (multi-level: the candidate from g_min)
-4. send dense g_ef, g_min or g_c as decided   (``comm.py``: allreduce or one allgather)
+4. send dense g_ef, g_min or g_c as decided   (``transfers.py``: allreduce or one allgather)
 5. residual = g_ef - sent                     (once the step's collectives are done)
 
-Adaptive controllers (GraVAC, Accordion) also need the step's squared norms
-averaged over ranks.  They ride inside the last bucket's collective (``comm.py``
-describes how); that bucket holds its collective back until every other bucket is
-compressed.  At a controller's checks (GraVAC's window checks), rank 0's
-controller state then travels in one broadcast inside ``step()`` (``consensus.py``);
-between checks no collective is added.  Every
+Every collective goes through one backend object (``backend.CollectiveBackend``; here
+``horovod_backend.HorovodBackend`` on the optimizer's process set).  Adaptive controllers
+(GraVAC, Accordion) also need the step's squared norms averaged over ranks.  They ride
+inside the last bucket's collective (``wire.py`` describes how); that bucket holds its
+collective back until every other bucket is compressed.  At a controller's checks
+(GraVAC's window checks), rank 0's controller state then travels in one broadcast inside
+``step()`` (``consensus.py``); between checks no collective is added.  Every
 collective of this package is submitted from the training thread, in the same
 order on every rank, so users' own (even unnamed) collectives never interleave
 differently on different ranks.
@@ -49,31 +50,31 @@ before it (at the cost of one more copy of the residuals).
 """
 from __future__ import annotations
 
-import copy
 import itertools
-import math
 import time
 import warnings
 from contextlib import contextmanager
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 import horovod.torch as hvd
 
-from . import checkpoint, comm
+from . import checkpoint
 from .accounting import StepRecord
-from .buckets import Bucket, grouped_buckets, make_buckets
-from .cf import check_cf
+from .buckets import Bucket, BucketLayout, BucketSet
 from .compressors.base import GradientCompressor
-from .compressors.topk import TopKCompressor
 from .consensus import make_exchange, observe_step, sync_first_step
 from .controllers import Controller, Dense, StaticCF
-from .encoder import BucketEncoder, finite_tensor
-from .error_feedback import ErrorFeedback, IntervalSum
+from .encoder import BucketEncoder, EncoderSettings
+from .error_feedback import ErrorFeedback, IntervalSum, finite_tensor, save_by_name
+from .horovod_backend import HorovodBackend
+from .lowrank import PowerSGDState
+from .options import OptimizerOptions, check_passes, is_gravac_compressor
+from .pipeline import BucketPipeline
 from .selection.payload import FLOAT_DTYPES
 from .sparse import SparseGradients
-from .transfers import Link, WarmStarts
+from .transfers import Link
 
 # Horovod's ``broadcast_optimizer_state`` calls the *base* optimizer's ``step()`` (to
 # create momentum buffers etc. without any communication) only for optimizers whose
@@ -114,7 +115,34 @@ def _state_init_step(self, closure=None):
                 p.copy_(kept)
 
 
-NONFINITE_POLICIES = ("propagate", "zero")
+#: Whether hooks go on each parameter's gradient accumulator node (what torch 2.0 has, and
+#: what Horovod's own optimizer uses) instead of ``register_post_accumulate_grad_hook``
+#: (torch >= 2.1).  Tests set it to run the torch 2.0 path on a newer torch.
+ACCUMULATOR_NODE_HOOKS = not hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+
+
+def _after_grad_accumulated(p, hook):
+    """Call ``hook(p)`` each time a backward has accumulated ``p.grad``; returns what keeps
+    the hook registered.  On torch 2.0 (Horovod 0.28.1's last supported torch) the hook goes
+    on ``p``'s AccumulateGrad node, which fires after it has written ``p.grad``; the node is
+    returned with the handle, since autograd holds it weakly and would build a new one,
+    without the hook, for the next graph."""
+    if not ACCUMULATOR_NODE_HOOKS:
+        return p.register_post_accumulate_grad_hook(hook)
+    with torch.enable_grad():   # (also called from a hook, where backward has turned it off)
+        node = p.expand_as(p).grad_fn.next_functions[0][0]
+    return _AccumulatorHook(node, node.register_hook(lambda grad_inputs, grad_outputs: hook(p)))
+
+
+class _AccumulatorHook:
+    """A hook's handle together with the accumulator node it is on; ``remove()`` as a handle's."""
+
+    def __init__(self, node, handle):
+        self.node, self.handle = node, handle
+
+    def remove(self) -> None:
+        self.handle.remove()
+        self.node = None
 
 
 class _ElasticSupport:
@@ -144,7 +172,7 @@ class _ElasticSupport:
         Accordion's interval sums; PowerSGD's warm starts go back to the seeded Q."""
         self._memory.reset()
         self._interval.reset()
-        self._warm.clear()
+        self._powersgd.clear()
 
     def set_world_size(self, n: int) -> bool:
         """Take ``n`` ranks as the world (after a membership change); GraVAC's EWMA factor
@@ -177,92 +205,137 @@ class _ElasticSupport:
 
     def new_compressor(self, cf: float) -> GradientCompressor:
         """A fresh compressor of this optimizer's kind and settings at ``cf``."""
-        return self._encoder.compressor_factory(cf)
+        return self._options.compressor_factory(cf)
 
 
-#: Whether hooks go on each parameter's gradient accumulator node (what torch 2.0 has, and
-#: what Horovod's own optimizer uses) instead of ``register_post_accumulate_grad_hook``
-#: (torch >= 2.1).  Tests set it to run the torch 2.0 path on a newer torch.
-ACCUMULATOR_NODE_HOOKS = not hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+class _Inspection:
+    """The optimizer's seams beyond Horovod's API: read-only views of its state (for
+    checkpoints, tools and tests) and ``close()``.  Copied into the wrapper class as
+    ``_ElasticSupport``'s methods are."""
+
+    @property
+    def bucket_layout(self) -> Tuple[BucketLayout, ...]:
+        """The buckets in launch order (the last one carries the step's statistics): index,
+        parameter names, entries and dtypes of each."""
+        return self._buckets.layout()
+
+    def residuals(self) -> Dict[str, torch.Tensor]:
+        """A copy of this rank's error-feedback residual of each parameter, by name (only of
+        buckets that have formed one; in the bucket's ``value_dtype``)."""
+        return save_by_name(self._memory.residuals, self._buckets)
+
+    def residual_bytes(self) -> int:
+        return self._memory.nbytes()
+
+    @property
+    def step_index(self) -> int:
+        """Steps taken (the same on every rank; shared-seed draws and checkpoints use it)."""
+        return self._step_index
+
+    @property
+    def last_step_record(self) -> Optional[StepRecord]:
+        """What the last finished step recorded on this rank (None before the first): its
+        squared norms before averaging (``norms``, ``grad_sq``) and the rank-averaged
+        statistics its carrier bucket brought (``step_stats``).  Read it, don't change it."""
+        return self._last_record
+
+    @property
+    def collective_prefix(self) -> str:
+        """What this optimizer's collective names start with (``gravac``, ``gravac1``, ...)."""
+        return self._prefix
+
+    @property
+    def backend(self):
+        """The backend every collective of this optimizer goes through (``HorovodBackend``)."""
+        return self._link.backend
+
+    def in_flight_handles(self) -> list:
+        """The backend's handles of this step's collectives that were started and not yet
+        finished (a step interrupted between backward and ``step()``)."""
+        return [b.handle for b in self._buckets if b.handle is not None] + self._sparse.handles()
+
+    def close(self) -> None:
+        """Remove this optimizer's hooks, so backward passes no longer start its collectives
+        (e.g. when the model goes on under another optimizer).  A step in flight is
+        forgotten, not waited for."""
+        self._hooks.close()
+        self.drop_in_flight()
 
 
-def _after_grad_accumulated(p, hook):
-    """Call ``hook(p)`` each time a backward has accumulated ``p.grad``; returns what keeps
-    the hook registered.  On torch 2.0 (Horovod 0.28.1's last supported torch) the hook goes
-    on ``p``'s AccumulateGrad node, which fires after it has written ``p.grad``; the node is
-    returned with the handle, since autograd holds it weakly and would build a new one,
-    without the hook, for the next graph."""
-    if not ACCUMULATOR_NODE_HOOKS:
-        return p.register_post_accumulate_grad_hook(hook)
-    with torch.enable_grad():   # (also called from a hook, where backward has turned it off)
-        node = p.expand_as(p).grad_fn.next_functions[0][0]
-    return _AccumulatorHook(node, node.register_hook(lambda grad_inputs, grad_outputs: hook(p)))
+class _GradientHooks:
+    """The optimizer's hooks after gradient accumulation, one per parameter."""
 
+    def __init__(self):
+        self.handles: List[object] = []
+        self.hooked: set = set()   # ids of the parameters that have one
+        self.closed = False
 
-class _AccumulatorHook:
-    """A hook's handle together with the accumulator node it is on; ``remove()`` as a handle's."""
+    def add(self, params, make_hook) -> None:
+        """A hook on every parameter of ``params`` that requires a gradient and has none yet."""
+        if self.closed:
+            return
+        for p in params:
+            if p.requires_grad and id(p) not in self.hooked:
+                self.hooked.add(id(p))
+                self.handles.append(_after_grad_accumulated(p, make_hook(p)))
 
-    def __init__(self, node, handle):
-        self.node, self.handle = node, handle
-
-    def remove(self) -> None:
-        self.handle.remove()
-        self.node = None
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        self.closed = True
 
 
 class _GravacDistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, named_parameters, opts: dict):
+    def __init__(self, params, named_parameters, options: OptimizerOptions):
         super(self.__class__, self).__init__(params)
         # The wrapped optimizer's defaults, not its class's: add_param_group fills a new
         # group's missing values from them (SGD(lr=0.05) must give a new group lr 0.05, not
         # torch's 1e-3; on torch 2.0, where SGD's lr has no default, not an error).
-        self.defaults = dict(opts["defaults"])
-        controller = opts["controller"]
-        self._timeout = comm.resolve_timeout(opts["timeout_s"])   # seconds per collective (inf: none)
-        self._controller = controller
-        self.backward_passes_per_step = opts["backward_passes_per_step"]
-        self.op = opts["op"]
-        self.gradient_predivide_factor = float(opts["gradient_predivide_factor"])
+        self.defaults = dict(options.defaults)
+        self._options = options
+        controller = self._controller = options.controller
+        self._timeout = options.timeout   # seconds per collective (inf: none)
+        self.backward_passes_per_step = options.backward_passes_per_step
+        self.op = options.op
+        self.gradient_predivide_factor = options.gradient_predivide_factor
         # join_safe: every collective is an allreduce, which Horovod's join allows
         # (sparse payloads in per-rank slots, sparse gradients densified, consensus by allreduce).
-        self._join_safe = opts["join_safe"]
-        self.sparse_as_dense = opts["sparse_as_dense"] or self._join_safe
-        self.process_set = opts["process_set"]
-        self._grad_scaler = opts["grad_scaler"]
-        self._bucket_cap_bytes = int(opts["bucket_cap_mb"] * 2 ** 20)
-        factory = _compressor_factory(opts["compressor"])
+        self._join_safe = options.join_safe
+        self.sparse_as_dense = options.sparse_as_dense or self._join_safe
+        self.process_set = options.process_set
+        self._grad_scaler = options.grad_scaler
+        self.local_clip_norm = options.local_clip_norm
         self._included = bool(self.process_set.included())
 
         named_all = _named_list(named_parameters)
         self._names = {id(p): n for n, p in named_all}
         floats = _floats(_named_parameters(self.param_groups, named_all if named_parameters is not None else None))
-        self._buckets = make_buckets(floats, self._bucket_cap_bytes) if opts["groups"] is None \
-            else grouped_buckets(floats, opts["groups"], self._bucket_cap_bytes)
-        # The bucket whose collective also carries the step's statistics (adaptive controllers).
-        self._carrier = self._buckets[-1] if self._buckets else None
+        self._buckets = BucketSet(floats, options.bucket_cap_bytes, options.groups)
         self._prefix = _collective_prefix()
-        self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._delay = {p: self.backward_passes_per_step for _, p in floats}
-        self._memory = ErrorFeedback(opts["momentum_correction"])   # residuals (and DGC's velocities)
-        self._interval = IntervalSum()   # Accordion's running sum over the interval
-        self.local_clip_norm = opts["local_clip_norm"]
-        self._warm = WarmStarts()   # PowerSGD's Q per (parameter, rank)
-        sample_compressor = _sample_compressor(factory, controller)   # for checks
-        self._shared_seed = sample_compressor.step_seeded
-        self._link = Link(self.process_set, self.op, self.op == hvd.Average, self.gradient_predivide_factor,
-                          comm.group_size(self.process_set) if self._included else 1, self._timeout)
+        undoable = self._grad_scaler is not None   # a loss scaler's skipped steps are undone
+        self._memory = ErrorFeedback(options.momentum_correction, undoable)   # residuals (and DGC's velocities)
+        # Accordion's running sums over the interval (and GraVAC "delivered"'s of what was sent)
+        self._interval = IntervalSum(controller.needs_accumulation, controller.tracks_delivery, undoable)
+        self._powersgd = PowerSGDState(self._memory)   # PowerSGD's warm starts and error feedback
+        self._shared_seed = options.reference_compressor.step_seeded
+        backend = HorovodBackend(self.process_set)
+        self._link = Link(backend, options.average, self.gradient_predivide_factor,
+                          backend.size() if self._included else 1, self._timeout)
         self._sparse = SparseGradients(self._link, self._prefix)   # params whose gradients are sparse
-        self._encoder = BucketEncoder(
-            controller=controller, memory=self._memory, interval=self._interval, warm=self._warm,
-            link=self._link, wire=opts["compression"], compressor_factory=factory, prefix=self._prefix,
-            nonfinite=opts["nonfinite"], grad_scaler=self._grad_scaler,
-            local_clip_norm=self.local_clip_norm, join_safe=self._join_safe,
-            fp16_wire=hvd.Compression.fp16, pair_exchange=bool(opts["check_consistency"]))
+        settings = EncoderSettings(options.compression, options.nonfinite, options.local_clip_norm,
+                                   self._join_safe, pair_exchange=bool(options.check_consistency),
+                                   fp16_wire=hvd.Compression.fp16)
+        self._encoder = BucketEncoder(self._link, settings, controller=controller, memory=self._memory,
+                                      powersgd=self._powersgd, compressor_factory=options.compressor_factory,
+                                      prefix=self._prefix)
+        self._pipeline = BucketPipeline(self._buckets, self._encoder, self._memory, self._interval, controller)
         controller.set_world_size(self.world_size)
-        self._exchange = make_exchange(controller, self._prefix, self._timeout, self.process_set,
-                                       self._join_safe, self._shared_seed)
-        if opts["check_consistency"] and self._included and self.world_size > 1:
-            _check_consistency(self, floats, sample_compressor)
+        self._exchange = make_exchange(controller, self._prefix, self._timeout, backend, self._join_safe,
+                                       self._shared_seed)
+        if options.check_consistency and self._included and self.world_size > 1:
+            _check_consistency(self, floats)
 
         self._synchronized = False
         self._should_synchronize = True
@@ -271,10 +344,10 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._step_start: Optional[float] = None
         self._scale = 1.0            # the loss scale of the step's gradients (grad_scaler)
         self._record = StepRecord()  # what this step has done so far
+        self._last_record: Optional[StepRecord] = None
         self._stats: Dict[str, float] = {}
         self._last_collectives: Tuple[tuple, ...] = ()
-        self._hooks: List[object] = []   # hook handles; _hooked: the ids of their parameters
-        self._hooked: set = set()
+        self._hooks = _GradientHooks()
         if self._included:
             self._register_hooks()
 
@@ -282,11 +355,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         """A hook after gradient accumulation (``_after_grad_accumulated``) on every parameter
         that requires a gradient and has none yet; called again at each step's first hook,
         so a layer unfrozen between steps joins in at once."""
-        params = [p for b in self._buckets for p in b.params] + list(self._sparse)
-        for p in params:
-            if p.requires_grad and id(p) not in self._hooked:
-                self._hooked.add(id(p))
-                self._hooks.append(_after_grad_accumulated(p, self._make_hook(p)))
+        self._hooks.add([p for b in self._buckets for p in b.params] + list(self._sparse), self._make_hook)
 
     def add_param_group(self, param_group):
         """As ``torch.optim.Optimizer.add_param_group``; the new parameters get buckets
@@ -297,12 +366,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         index = len(self.param_groups) - 1
         floats = _floats([(self._names.get(id(p), f"param.{index}.{j}"), p)
                           for j, p in enumerate(self.param_groups[-1]["params"])])
-        first = 1 + max((b.index for b in self._buckets), default=-1)
-        new = make_buckets(floats, self._bucket_cap_bytes, first_index=first)
-        self._buckets = new + self._buckets   # launched early; the carrier stays last
-        for b in new:
+        for b in self._buckets.add(floats):
             for p in b.params:
-                self._bucket_of[p] = b
                 self._delay[p] = self.backward_passes_per_step
         if self._included:
             self._register_hooks()
@@ -324,7 +389,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                         self._sparse.add(p, self._detach_sparse(p))
                     self._sparse.launch(p, self._record)
                     return
-                bucket = self._bucket_of[p]
+                bucket = self._buckets.of[p]
                 bucket.ready += 1
                 if bucket.ready >= bucket.expected and bucket.transfer is None:
                     self._launch(bucket)
@@ -353,45 +418,26 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if self._included:
             self._register_hooks()
         for b in self._buckets:
-            b.expected = b.hooks_to_wait_for(self._hooked)
+            b.expected = b.hooks_to_wait_for(self._hooks.hooked)
 
     def _detach_sparse(self, p) -> str:
         """Take ``p`` out of its bucket (its gradient turned out sparse); returns its name."""
-        bucket = self._bucket_of.pop(p)
-        name = bucket.names[[i for i, q in enumerate(bucket.params) if q is p][0]]
-        start, end = bucket.remove(p)
+        bucket, name, start, end = self._buckets.detach(p)
         self._memory.drop(bucket.index, start, end)   # the other parameters keep their residuals
         self._interval.drop(bucket.index)
-        bucket.expected = bucket.hooks_to_wait_for(self._hooked)
-        if not bucket.params:
-            self._buckets.remove(bucket)
-            if self._carrier is bucket:
-                self._carrier = self._buckets[-1] if self._buckets else None
-        elif bucket.ready >= bucket.expected and bucket.transfer is None and bucket.ready > 0:
+        bucket.expected = bucket.hooks_to_wait_for(self._hooks.hooked)
+        if bucket.params and bucket.ready >= bucket.expected and bucket.transfer is None and bucket.ready > 0:
             self._launch(bucket)
         return name
 
     # -- launching a bucket ----------------------------------------------------------------
     def _launch(self, bucket: Bucket) -> None:
-        """Encode the bucket's gradient (``encoder.py``) and start its collective, unless
-        it carries the step's statistics: those are complete only once every bucket is
-        encoded, so the last bucket to launch starts the carrier's."""
+        """Encode the bucket's gradient and start its collective (``pipeline.py``)."""
         if not self._record.open:
             self._begin_step()
         t0 = time.perf_counter()
-        record = self._record
-        # The carrier can change mid-step (a gradient turned out sparse): decided here.
-        with_stats = bucket is self._carrier and self._controller.needs_consensus
-        bucket.transfer = self._encoder.encode(bucket, self._controller.decision, record, scale=self._scale,
-                                               step_index=self._step_index, with_stats=with_stats)
-        if not with_stats:
-            bucket.transfer.start()
-        record.launched += 1
-        carrier = self._carrier
-        if record.launched == len(self._buckets) and carrier is not None and carrier.transfer is not None \
-                and not carrier.transfer.started:
-            carrier.transfer.start(self._encoder.local_stats(record, self._buckets, self._scale).to_tensor())
-        record.compress_time += time.perf_counter() - t0
+        self._pipeline.launch(bucket, self._record, self._scale, self._step_index)
+        self._record.compress_time += time.perf_counter() - t0
 
     # -- synchronize -------------------------------------------------------------------------
     def synchronize(self):
@@ -405,14 +451,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
             if bucket.transfer is None:
                 self._launch(bucket)
         t_comm = time.perf_counter()
-        for bucket in self._buckets:   # every first phase is in flight before any later one waits
-            bucket.transfer.advance()
-        aggregates = []
-        for bucket in self._buckets:
-            aggregated = bucket.transfer.finish()   # flat float32 (float64: a float64 bucket)
-            self._record.add_transfer(bucket.transfer)
-            aggregates.append(aggregated)
-            bucket.write_grads(aggregated)
+        aggregates = self._pipeline.finish(self._record)
         for p in self._sparse:
             if p.requires_grad:
                 self._sparse.finish(p, self._record)
@@ -420,12 +459,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         # With a loss scaler, a step that is non-finite anywhere is skipped by every rank:
         # leave every piece of state as if it had not happened.
         skipped = self._grad_scaler is not None and not all(finite_tensor(a) for a in aggregates)
-        owed = self._record.at_boundary and self._controller.tracks_delivery and not skipped
-        for bucket in self._buckets:
-            self._encoder.commit_residual(bucket, self._scale, rollback=skipped)
-            if owed:   # GraVAC "delivered": the next window starts owing the residual
-                self._encoder.open_window(bucket)
-            bucket.reset()
+        self._pipeline.settle(self._record, self._scale, skipped)
         comm_time = time.perf_counter() - t_comm
         self._reset_delays()
         self._finish_step(comm_time, skipped)
@@ -443,7 +477,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         if not skipped:
             self._step_index += 1
         self._step_start = time.perf_counter()
-        self._record = StepRecord()
+        self._last_record, self._record = record, StepRecord()
 
     @property
     def controller(self) -> Controller:
@@ -472,7 +506,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """As Horovod's: gradients of ``passes`` backward passes are summed locally first."""
-        _check_passes(passes)
+        check_passes(passes)
         self.backward_passes_per_step = passes
         self._reset_delays()
 
@@ -512,16 +546,15 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
     def gravac_state_dict(self) -> dict:
         """Controller state, step index and this rank's buffers by parameter name, with
         ``meta`` and checksums (``checkpoint.gravac_state``)."""
-        ctrl = self.controller
-        return checkpoint.gravac_state(ctrl, self._step_index, self._memory, self._interval, self._warm,
-                                       self._buckets, checkpoint.optimizer_meta(self, comm.rank()))
+        return checkpoint.gravac_state(self.controller, self._step_index, self._memory, self._interval,
+                                       self._powersgd, self._buckets, checkpoint.optimizer_meta(self, hvd.rank()))
 
     def load_gravac_state_dict(self, state: dict) -> None:
         """Load a state from ``gravac_state_dict``; ``ValueError`` (nothing loaded) if it
         does not fit this optimizer (``checkpoint.load_controller_state``)."""
-        meta = checkpoint.optimizer_meta(self, comm.rank())
+        meta = checkpoint.optimizer_meta(self, hvd.rank())
         self._step_index = checkpoint.load_controller_state(state, meta, self.controller)
-        checkpoint.load_rank_buffers(state, self._memory, self._interval, self._warm, self._buckets)
+        checkpoint.load_rank_buffers(state, self._memory, self._interval, self._powersgd, self._buckets)
 
     def state_dict(self):
         state = super(self.__class__, self).state_dict()
@@ -532,7 +565,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         gravac = state_dict.pop("gravac", None)
         if isinstance(gravac, dict) and "meta" in gravac:   # check before anything is loaded
-            checkpoint.check_compatible(gravac["meta"], checkpoint.optimizer_meta(self, comm.rank()))
+            checkpoint.check_compatible(gravac["meta"], checkpoint.optimizer_meta(self, hvd.rank()))
             checkpoint.verify_residuals(gravac)
         super(self.__class__, self).load_state_dict(state_dict)
         if gravac is not None:
@@ -541,29 +574,26 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
 
-    def residual_bytes(self) -> int:
-        return self._memory.nbytes()
 
-
-def _check_consistency(opt, named, sample_compressor) -> None:
+def _check_consistency(opt, named) -> None:
     """The start-up check: fail on every rank, with the difference named, if ranks
     disagree on set-up (``opt``: the optimizer being built; one collective)."""
+    options = opt._options
+    wire = options.compression
     mine = {"collective_prefix": opt._prefix, "controller": opt._controller.config(),
-            "momentum_correction": opt._memory.momentum, "local_clip_norm": opt.local_clip_norm,
-            "compressor": repr(sample_compressor),
+            "momentum_correction": options.momentum_correction, "local_clip_norm": opt.local_clip_norm,
+            "compressor": repr(options.reference_compressor),
             "backward_passes_per_step": opt.backward_passes_per_step,
             "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
             # The bucket layout (from bucket_cap_mb and groups): every rank must cut the
             # same buckets, or the collectives of a bucket index carry different tensors.
             "bucket_cap_mb": {"bucket_sizes": [b.numel for b in opt._buckets],
-                              "bucket_params": [b.names for b in opt._buckets]}}
-    wire = opt._encoder.wire
-    mine.update({"op": int(opt.op), "gradient_predivide_factor": opt.gradient_predivide_factor,
-                 "compression": getattr(wire, "__name__", type(wire).__name__),
-                 "sparse_as_dense": opt.sparse_as_dense, "nonfinite": opt._encoder.nonfinite_policy,
-                 "grad_scaler": opt._grad_scaler is not None, "join_safe": opt._join_safe})
-    everyone = comm.allgather_object(mine, name=f"{opt._prefix}.consistency", timeout=opt._timeout,
-                                     process_set=opt.process_set)
+                              "bucket_params": [b.names for b in opt._buckets]},
+            "op": int(opt.op), "gradient_predivide_factor": opt.gradient_predivide_factor,
+            "compression": getattr(wire, "__name__", type(wire).__name__),
+            "sparse_as_dense": opt.sparse_as_dense, "nonfinite": options.nonfinite,
+            "grad_scaler": opt._grad_scaler is not None, "join_safe": opt._join_safe}
+    everyone = opt.backend.allgather_object(mine, name=f"{opt._prefix}.consistency", timeout=opt._timeout)
     for r, theirs in enumerate(everyone):
         for key in mine:
             if theirs.get(key) != everyone[0].get(key):
@@ -596,15 +626,6 @@ def _floats(named):
     must not leave it out of the exchange (ranks would diverge)."""
     _check_float(named)
     return [(n, p) for n, p in named if p.dtype in FLOAT_DTYPES]
-
-
-def _sample_compressor(factory, controller: Controller) -> GradientCompressor:
-    """The compressor at CF 10, for type checks and the start-up check."""
-    sample = factory(10.0)
-    if sample.low_rank and controller.needs_multilevel:
-        raise ValueError("controller GraVAC needs a sparsifying compressor (multi-level "
-                         "compression); use PowerSGD with Dense, StaticCF or Accordion")
-    return sample
 
 
 def _named_list(named_parameters):
@@ -640,72 +661,6 @@ def _check_float(named) -> None:
                              f"parameters can be trained with gradient compression")
 
 
-def _check_passes(passes) -> None:
-    if isinstance(passes, Controller):
-        raise ValueError(f"backward_passes_per_step got a controller ({passes!r}). The 4th positional "
-                         f"argument is Horovod's backward_passes_per_step; pass controller=... as a keyword")
-    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
-        raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {passes!r}")
-
-
-def _is_gravac_compressor(obj) -> bool:
-    """A horovod_gravac compressor (class, instance), as opposed to a Horovod one."""
-    if isinstance(obj, type):
-        return issubclass(obj, GradientCompressor)
-    return isinstance(obj, GradientCompressor)
-
-
-def _compressor_factory(compressor) -> Callable[[float], GradientCompressor]:
-    """Accept a compressor class, an instance (its class and settings are reused per CF),
-    or a callable ``cf -> compressor``."""
-    if compressor is None:
-        compressor = TopKCompressor
-    if not isinstance(compressor, type) and hasattr(compressor, "compress"):
-        if not isinstance(compressor, GradientCompressor):
-            raise ValueError(f"compressor {compressor!r} is not a horovod_gravac compressor (a "
-                             f"horovod_gravac.compressors.GradientCompressor); Horovod's own go to compression=")
-        template = compressor
-
-        def from_instance(cf):   # same settings, its own state (e.g. a private generator)
-            comp = copy.deepcopy(template)
-            comp.cf = check_cf(cf)
-            return comp
-        return from_instance
-    if callable(compressor):
-        def factory(cf):
-            comp = compressor(cf=check_cf(cf))
-            if not isinstance(comp, GradientCompressor):
-                raise ValueError(f"compressor factory returned {comp!r}, which is not a horovod_gravac "
-                                 f"compressor (a horovod_gravac.compressors.GradientCompressor)")
-            return comp
-        return factory
-    raise ValueError(f"compressor must be a compressor class, instance or factory, got {compressor!r}")
-
-
-def _check_groups(groups, num_groups):
-    """Horovod's ``groups`` / deprecated ``num_groups``, validated as Horovod does."""
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
-        raise ValueError(f"num_groups must be an integer >= 0, got {num_groups!r}")
-    if num_groups != 0:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
-        if groups is None:
-            groups = num_groups
-    if groups is None:
-        return None
-    if isinstance(groups, bool) or not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
-        raise ValueError(f"groups should be a positive integer or a list of lists of torch.Tensor, got {groups!r}")
-    if isinstance(groups, list):
-        seen = set()
-        for group in groups:
-            for p in group:
-                if not isinstance(p, torch.Tensor):
-                    raise ValueError("groups must consist of torch.Tensor.")
-                if id(p) in seen:
-                    raise ValueError("A parameter can only appear once in groups.")
-                seen.add(id(p))
-    return groups
-
-
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
                          compression=hvd.Compression.none, backward_passes_per_step: int = 1,
                          op=hvd.Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
@@ -714,7 +669,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          bucket_cap_mb: float = 25.0, check_consistency: bool = True,
                          momentum_correction: Optional[float] = None,
                          local_clip_norm: Optional[float] = None,
-                         timeout_s: Optional[float] = None, overlap_consensus: bool = True,
+                         timeout_s: Optional[float] = None,
                          nonfinite: str = "propagate", grad_scaler=None, join_safe: bool = False):
     """Wrap ``optimizer`` so gradients are combined across Horovod ranks with adaptive
     (GraVAC), static or no compression.  The first ten arguments are
@@ -764,9 +719,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         timeout_s: seconds any collective may take before this rank raises
             ``comm.CollectiveTimeoutError`` (a peer died or stalls) instead of hanging.
             ``None``: ``$HOROVOD_GRAVAC_TIMEOUT``, else 600; ``math.inf``: no limit.
-        overlap_consensus: accepted for compatibility, no effect: ranks now agree only at
-            a controller's checks (GraVAC's window checks), inside ``step()``, and nothing
-            is left in flight between steps (``consensus.py``).
         nonfinite: ``"propagate"`` (default, as Horovod: NaN/Inf on any rank reaches
             every rank, so a loss scaler skips the step everywhere) or ``"zero"`` (that
             rank contributes zeros for the bucket).
@@ -781,7 +733,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
 
     After each step, ``optimizer.stats`` describes it (docs/architecture.md, "What a step reports").
     """
-    if _is_gravac_compressor(compression):
+    if is_gravac_compressor(compression):
         if compressor is not None:
             raise ValueError("compression= is a horovod_gravac compressor and compressor= is given "
                              "too; pass the compressor once (compressor=...)")
@@ -799,47 +751,18 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          "send. Use op=hvd.Average or hvd.Sum, or hvd.DistributedOptimizer for Adasum.")
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError(f"op must be hvd.Average or hvd.Sum, got {op!r}")
-    if isinstance(gradient_predivide_factor, bool) or not isinstance(gradient_predivide_factor, (int, float)) \
-            or not 0 < gradient_predivide_factor < math.inf:
-        raise ValueError(f"gradient_predivide_factor must be a finite number > 0, got {gradient_predivide_factor!r}")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    groups = _check_groups(groups, num_groups)
-    if not isinstance(sparse_as_dense, bool):
-        raise ValueError(f"sparse_as_dense must be True or False, got {sparse_as_dense!r}")
     if not hasattr(process_set, "process_set_id") or process_set.process_set_id is None:
         raise ValueError(f"process_set must be an initialized Horovod ProcessSet "
                          f"(hvd.global_process_set or one from hvd.add_process_set), got {process_set!r}")
-    _check_passes(backward_passes_per_step)
-    controller = Dense() if controller is None else controller
-    if not isinstance(controller, Controller):
-        raise ValueError(f"controller must be a horovod_gravac controller "
-                         f"(Dense, StaticCF, GraVAC, Accordion), got {controller!r}")
-    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
-            or not 0 < bucket_cap_mb < float("inf"):
-        raise ValueError(f"bucket_cap_mb must be a finite number > 0, got {bucket_cap_mb!r}")
-    if not isinstance(overlap_consensus, bool):
-        raise ValueError(f"overlap_consensus must be True or False, got {overlap_consensus!r}")
-    if local_clip_norm is not None and not (isinstance(local_clip_norm, (int, float))
-                                            and not isinstance(local_clip_norm, bool) and local_clip_norm > 0):
-        raise ValueError(f"local_clip_norm must be > 0 or None, got {local_clip_norm!r}")
-    if not isinstance(join_safe, bool):
-        raise ValueError(f"join_safe must be True or False, got {join_safe!r}")
-    if nonfinite not in NONFINITE_POLICIES:
-        raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
-    if grad_scaler is not None and not (callable(getattr(grad_scaler, "get_scale", None))
-                                        and callable(getattr(grad_scaler, "is_enabled", None))):
-        raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {grad_scaler!r}")
-    opts = dict(compression=compression, backward_passes_per_step=backward_passes_per_step, op=op,
-                gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-                sparse_as_dense=sparse_as_dense, process_set=process_set, compressor=compressor,
-                controller=controller, bucket_cap_mb=bucket_cap_mb,
-                check_consistency=check_consistency, momentum_correction=momentum_correction,
-                local_clip_norm=local_clip_norm, timeout_s=timeout_s,
-                nonfinite=nonfinite, grad_scaler=grad_scaler,
-                join_safe=join_safe, defaults=optimizer.defaults)
-    attrs = {k: v for cls in (_ElasticSupport, _GravacDistributedOptimizer) for k, v in cls.__dict__.items()
-             if k not in ("__dict__", "__weakref__")}
+    options = OptimizerOptions.build(
+        compression=compression, backward_passes_per_step=backward_passes_per_step, op=op,
+        average=op == hvd.Average, gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+        groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set, compressor=compressor,
+        controller=controller, bucket_cap_mb=bucket_cap_mb, check_consistency=check_consistency,
+        momentum_correction=momentum_correction, local_clip_norm=local_clip_norm, timeout_s=timeout_s,
+        nonfinite=nonfinite, grad_scaler=grad_scaler, join_safe=join_safe, defaults=optimizer.defaults)
+    attrs = {k: v for cls in (_ElasticSupport, _Inspection, _GravacDistributedOptimizer)
+             for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
     attrs["__module__"] = _HOROVOD_OPTIMIZER_MODULE   # see the note at its definition
     attrs["_optimizer_class"] = optimizer.__class__
     # wrapper -> state-creating step -> the user's class: Horovod's super(type(opt), opt).step()
@@ -847,4 +770,4 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     state_init = type(optimizer.__class__.__name__, (optimizer.__class__,),
                       {"step": _state_init_step, "__module__": _HOROVOD_OPTIMIZER_MODULE})
     cls = type(optimizer.__class__.__name__, (state_init,), attrs)
-    return cls(optimizer.param_groups, named_parameters, opts)
+    return cls(optimizer.param_groups, named_parameters, options)

@@ -7,7 +7,6 @@ from typing import Dict
 
 import torch
 
-from . import comm
 from .accounting import StepRecord
 from .transfers import Link
 
@@ -29,15 +28,19 @@ class SparseGradients:
     def in_flight(self) -> bool:
         return any(info["handles"] is not None for info in self._info.values())
 
+    def handles(self) -> list:
+        """The handles of the allgathers started and not yet finished."""
+        return [h for info in self._info.values() if info["handles"] is not None for h in info["handles"]]
+
     def launch(self, p, record: StepRecord) -> None:
         """Start the allgathers of ``p``'s sparse gradient."""
         info = self._info[p]
         grad = p.grad   # not coalesced, as Horovod: the same sums in the same order
         name = f"{self.prefix}.sparse.{info['name']}"
-        process_set = self.link.process_set
+        backend = self.link.backend
         info["handles"] = (
-            comm.allgather_async(grad._indices().transpose(0, 1).contiguous(), name + ".indices", process_set),
-            comm.allgather_async(grad._values(), name + ".values", process_set))
+            backend.allgather_async(grad._indices().transpose(0, 1).contiguous(), name + ".indices"),
+            backend.allgather_async(grad._values(), name + ".values"))
         if info["empty"] is None:   # what to send on a step without a gradient here
             info["empty"] = torch.sparse_coo_tensor(grad._indices()[:, :0], grad._values()[:0], grad.size())
         record.bytes_sent += grad._values().numel() * grad._values().element_size() \
@@ -54,8 +57,9 @@ class SparseGradients:
             self.launch(p, record)
         h_idx, h_val = info["handles"]
         name = f"{self.prefix}.sparse.{info['name']}"
-        values = comm.wait(h_val, name + ".values", self.link.timeout)
-        indices = comm.wait(h_idx, name + ".indices", self.link.timeout)
+        backend = self.link.backend
+        values = backend.wait(h_val, name + ".values", self.link.timeout)
+        indices = backend.wait(h_idx, name + ".indices", self.link.timeout)
         values = values / self.link.world if self.link.average else values
         grad = p.grad
         aggregated = grad.new(indices.transpose(0, 1), values, grad.size()) \

@@ -89,8 +89,7 @@ def run(tag, dtype, comp, ctrl, mixed=False, **kw):
     h = hashlib.sha256()
     for p in m.parameters():
         h.update(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    for hd in opt._hooks:
-        hd.remove()
+    opt.close()
     if RANK == 0:
         print(f"HASH {tag} {h.hexdigest()[:16]}", flush=True)
 

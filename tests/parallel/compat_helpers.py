@@ -8,7 +8,6 @@ other in the same process.  Bitwise comparisons are made on 2 ranks (a sum of tw
 does not depend on the order); with 3 or more ranks Horovod's ring may sum in another
 order, so those comparisons use a tight tolerance and say so.
 """
-import contextlib
 import os
 import traceback
 import warnings
@@ -159,7 +158,7 @@ def rank0_restores(model, opt, saved):
 
 
 def release(opt):
-    """Remove hooks where the optimizer exposes them (old and new implementation)."""
-    for h in getattr(opt, "_hooks", []) or []:
-        with contextlib.suppress(Exception):
-            h.remove()
+    """Remove the optimizer's hooks where it can (horovod_gravac's ``close()``)."""
+    close = getattr(opt, "close", None)
+    if callable(close):
+        close()

@@ -15,6 +15,7 @@ import time
 
 import horovod_gravac as hg
 from horovod_gravac import comm
+from horovod_gravac.accounting import StepRecord
 
 from ranks import RANK, hg_opt, make_model, train_steps
 
@@ -40,11 +41,11 @@ def fault_run(kind, timeout):
     if RANK == 1 and kind in ("stats", "decision"):
         # stats: stall just before the statistics-carrying bucket starts its collective;
         # decision: in the state broadcast of the window check at step index 3 (window 2).
-        owner, target = {"stats": (opt._encoder, "local_stats"), "decision": (comm, "broadcast_async_")}[kind]
+        owner, target = {"stats": (StepRecord, "local_stats"), "decision": (opt.backend, "broadcast_async_")}[kind]
         original = getattr(owner, target)
 
         def late(*a, **k):
-            if opt.stats.get("step") == 2:   # within step index 3 (stats: the step before)
+            if opt.step_index == 3:
                 _stall()
             return original(*a, **k)
         setattr(owner, target, late)

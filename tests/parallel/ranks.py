@@ -60,8 +60,7 @@ def hg_opt(model, **kw):
 
 
 def release(opt):
-    for h in opt._hooks:
-        h.remove()
+    opt.close()
 
 
 class _ConstantStepTime:

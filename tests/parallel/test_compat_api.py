@@ -22,7 +22,7 @@ HVD_POSITIONAL = ["optimizer", "named_parameters", "compression", "backward_pass
                   "gradient_predivide_factor", "num_groups", "groups", "sparse_as_dense",
                   "process_set"]
 HG_KEYWORD_ONLY = ["compressor", "controller", "bucket_cap_mb", "check_consistency",
-                   "momentum_correction", "local_clip_norm", "timeout_s", "overlap_consensus",
+                   "momentum_correction", "local_clip_norm", "timeout_s",
                    "nonfinite", "grad_scaler"]
 
 

@@ -55,7 +55,7 @@ def test_no_hang_user_collectives():
                        ("Accordion", hg.Accordion(low_cf=4, high_cf=64, threshold=0.5, interval=3)),
                        ("StaticCF(10)", hg.StaticCF(10)), ("Dense", hg.Dense())):
         model = make()
-        opt = hg_opt(model, controller=ctrl, overlap_consensus=True)
+        opt = hg_opt(model, controller=ctrl)
         _train_with_user_collectives(model, opt, 12)
         assert_ranks_identical(flat(model), f"user collectives + {name}")
         release(opt)

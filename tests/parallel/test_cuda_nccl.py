@@ -96,8 +96,7 @@ def run_case(name, compressor, controller, steps=10):
         cfs.append(opt.stats["cf"])
     torch.cuda.synchronize()
     ms = 1000 * (time.perf_counter() - t0) / steps
-    for h in opt._hooks:
-        h.remove()
+    opt.close()
     flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()]).cpu()
     if not torch.isfinite(flat).all():
         raise AssertionError("parameters became non-finite")

@@ -48,8 +48,7 @@ def test_elastic_driver_shrinks_and_grows():
                 for _ in range(600):   # until the driver notices: HostsUpdatedInterrupt
                     state.check_host_updates()
                     time.sleep(0.1)
-            residuals = opt.gravac_state_dict()["residuals"].values()
-            residual_max = max((float(r.abs().max()) for r in residuals), default=0.0)
+            residual_max = max((float(r.abs().max()) for r in opt.residuals().values()), default=0.0)
             seen.append((state.step, hvd.size(), opt.world_size, opt.controller.world_size,
                          opt.controller._gain_min.alpha, residual_max))
             train_steps(model, opt, 1, start=state.step)

@@ -56,5 +56,4 @@ def test_large_finite_float32_is_sent():
         flagged = hvd.allgather_object(opt.stats["nonfinite_buckets"], name=f"big.{name}")
         if any(flagged):
             raise AssertionError(f"{name}: a finite gradient was flagged non-finite: {flagged}")
-        for h in opt._hooks:
-            h.remove()
+        opt.close()

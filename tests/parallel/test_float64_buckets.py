@@ -109,7 +109,7 @@ def apply(opt):
 
 
 def residuals_of(opt):
-    return list(opt._memory.residuals.values())
+    return list(opt.residuals().values())
 
 
 # -- a finite spike beyond float32's range ------------------------------------------------------
@@ -254,7 +254,7 @@ def test_float64_payloads_are_counted_at_twelve_bytes_an_entry():
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x.to(dtype)), y).backward()
         opt.step()
-        rows = sum(SIZE * slot_rows(2 * kept_count(b.numel, 4) + 1, N_STATS) for b in opt._buckets)
+        rows = sum(SIZE * slot_rows(2 * kept_count(b.numel, 4) + 1, N_STATS) for b in opt.bucket_layout)
         assert opt.stats["bytes_sent"] == (value + 4) * rows, (dtype, opt.stats)
         release(opt)
 
@@ -337,7 +337,7 @@ def test_a_model_mixing_float32_and_float64_gets_a_bucket_of_each():
         try:
             model = make(Mixed)
             opt = hg_opt(model, controller=CONTROLLERS[kname](), compressor=COMPRESSORS[cname], bucket_cap_mb=1.0)
-            kinds = {tuple(sorted({p.dtype for p in b.params}, key=str)) for b in opt._buckets}
+            kinds = {tuple(sorted(set(b.parameter_dtypes), key=str)) for b in opt.bucket_layout}
             assert kinds == {(torch.float32,), (torch.float64,)}, kinds
             for step in range(3):
                 entry = SPIKE if step == SPIKE_STEP else None
@@ -351,9 +351,11 @@ def test_a_model_mixing_float32_and_float64_gets_a_bucket_of_each():
                     handle.remove()
                 opt.step()
                 assert opt.stats["nonfinite_buckets"] == 0, opt.stats
-            for b in opt._buckets:
-                res = opt._memory.residuals.get(b.index)
-                assert res is None or res.dtype == b.value_dtype, (b.names, res.dtype)
+            saved = opt.residuals()
+            for b in opt.bucket_layout:
+                for name in b.names:
+                    res = saved.get(name)
+                    assert res is None or res.dtype == b.value_dtype, (name, res.dtype)
             params = torch.cat([p.detach().double().reshape(-1) for p in model.parameters()])
             assert torch.isfinite(params).all()
             assert_ranks_identical(params, f"mixed {kname}/{cname}")
@@ -393,6 +395,5 @@ def test_ranks_that_disagree_on_a_buckets_dtype_fail_naming_it():
             assert "same parameter dtypes" in str(exc), str(exc)
         else:
             raise AssertionError(f"{kname}/{cname}: ranks with float32 and float64 buckets did not fail")
-        opt._buckets[0].reset()   # (the failed step's transfer; the next optimizer is fresh)
-        release(opt)
+        release(opt)   # (and forgets the failed step's transfers; the next optimizer is fresh)
     hvd.allreduce(torch.zeros(1), name="f64.after.mismatch")   # Horovod still works

@@ -71,7 +71,7 @@ def test_join_with_uneven_data(kind):
                                                         controller=controller(kind), timeout_s=60,
                                                         join_safe=True), dtype)
     if dtype == torch.float64:
-        assert all(r.dtype == torch.float64 for r in run.last_opt._memory.residuals.values())
+        assert all(r.dtype == torch.float64 for r in run.last_opt.residuals().values())
     everyone = hvd.allgather(ours.unsqueeze(0), name=f"join.{kind}")
     for r in range(SIZE):
         if not torch.equal(everyone[r], everyone[0]):

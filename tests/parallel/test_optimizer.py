@@ -190,7 +190,7 @@ def test_nan_gradient_keeps_ranks_identical():
         if step == 4:
             flagged = hvd.allgather_object(opt.stats["nonfinite_buckets"])
             assert flagged[-1] > 0 and all(f == 0 for f in flagged[:-1]), flagged
-    for res in opt.gravac_state_dict()["residuals"].values():
+    for res in opt.residuals().values():
         assert torch.isfinite(res).all(), "a residual was poisoned by NaN"
     assert opt.controller.gain_min is not None and opt.controller.gain_min == opt.controller.gain_min
     assert torch.isfinite(flat_params(model)).all()
@@ -240,42 +240,15 @@ def test_powersgd_full_rank_equals_dense_and_accordion_switches():
     release(opt)
 
 
-def test_overlapped_consensus_matches_synchronous():
-    """``overlap_consensus`` (accepted for compatibility: since ranks agree only at window
-    checks, inside ``step()``, nothing overlaps) changes no decision, stat or parameter."""
-    runs = []
-    for overlap in (True, False):
-        model = make_model()
-        # No window boundary in 12 steps: decisions depend on gains only, not on timings.
-        opt = hg_opt(model, overlap_consensus=overlap,
-                     controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.5, window=1000))
-        seen = []
-        train(model, opt, 12, hook=lambda s, o: seen.append(
-            (o.stats["cf"], o.stats["next_cf"], o.stats["gain_min"], o.stats["gain_candidate"])))
-        runs.append((flat_params(model), seen, opt.controller.state_dict()["decision"]))
-        assert all(v is not None for row in seen[1:] for v in row[1:]), seen
-        release(opt)
-    (p_a, seen_a, d_a), (p_b, seen_b, d_b) = runs
-    # Same decisions exactly. Gains and parameters bitwise on 2 ranks; on 3, Horovod's
-    # timing-based tensor fusion may change the order of a ring allreduce's sums between
-    # two runs (never between the ranks of one run), so they agree to rounding only.
-    assert [r[:2] for r in seen_a] == [r[:2] for r in seen_b] and d_a == d_b, \
-        f"overlapped {seen_a} vs synchronous {seen_b}"
-    if SIZE == 2:
-        assert seen_a == seen_b and torch.equal(p_a, p_b), "overlapped and synchronous runs differ"
-    else:
-        gains = torch.tensor([r[2:] for r in seen_a[1:]]) - torch.tensor([r[2:] for r in seen_b[1:]])
-        assert gains.abs().max() < 1e-6 and torch.allclose(p_a, p_b, atol=1e-6)
-    assert len({row[0] for row in seen_a}) > 1, f"the CF never changed: {seen_a}"
-
-
 def test_broadcast_object_small_and_large():
     """Rank 0's object arrives intact whether it fits the inline header or needs a
     second broadcast; other ranks' objects are ignored."""
-    from horovod_gravac import comm
-    for i, size in enumerate((0, 10, comm._INLINE_BYTES - 40, comm._INLINE_BYTES + 1, 50_000)):
+    from horovod_gravac.backend import INLINE_OBJECT_BYTES
+    from horovod_gravac.horovod_backend import HorovodBackend
+    backend = HorovodBackend()
+    for i, size in enumerate((0, 10, INLINE_OBJECT_BYTES - 40, INLINE_OBJECT_BYTES + 1, 50_000)):
         mine = {"rank": RANK, "blob": bytes([RANK % 256]) * size}
-        got = comm.broadcast_object(mine, name=f"check.bcast.{i}", timeout=60)
+        got = backend.broadcast_object(mine, name=f"check.bcast.{i}", timeout=60)
         assert got == {"rank": 0, "blob": b"\x00" * size}, (size, got["rank"], len(got["blob"]))
 
 
@@ -286,7 +259,7 @@ def test_two_optimizers_in_flight():
     a, b = make_model(1), make_model(2)
     oa = hg_opt(a, controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))
     ob = hg_opt(b, controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))
-    assert oa._prefix != ob._prefix, (oa._prefix, ob._prefix)
+    assert oa.collective_prefix != ob.collective_prefix, (oa.collective_prefix, ob.collective_prefix)
     for step in range(10):
         for model, opt in ((a, oa), (b, ob)):
             x, y = batch(step)
@@ -319,18 +292,18 @@ def test_ranks_exchange_controller_state_only_at_window_checks():
     state reaches every rank, even when the ranks' step times differ (rank 1 is made
     slower, so its own throughput figures would differ): every step's decision is the
     same everywhere, and after each check every rank holds rank 0's state."""
-    from horovod_gravac import comm
     window = 3
     model = make_model(seed=5)
     ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=window, variant="ladder")
     opt = hg_opt(model, controller=ctrl)
-    exchanges, original = [], comm.broadcast_object
+    backend = opt.backend
+    exchanges, original = [], backend.broadcast_object
 
     def counted(obj, name, *a, **k):
         if name.endswith(".decision"):
             exchanges.append(ctrl.step)
         return original(obj, name, *a, **k)
-    comm.broadcast_object = counted
+    backend.broadcast_object = counted
     decisions, states = [], []
     try:
         def hook(step, o):
@@ -342,7 +315,7 @@ def test_ranks_exchange_controller_state_only_at_window_checks():
                 states.append(ctrl.state_dict())
         train(model, opt, 4 * window, hook=hook)
     finally:
-        comm.broadcast_object = original
+        del backend.broadcast_object   # (the class's method again)
     # One exchange per check (the observed step count is then a multiple of the window).
     assert exchanges == [window * i for i in range(1, 5)], exchanges
     everyone = hvd.allgather_object((decisions, states), name="check.window_consensus")
@@ -389,30 +362,56 @@ def test_carried_stats_are_complete_averages():
     first step (allreduce path) and on sparse steps (allgather path)."""
     model = HeadRegisteredFirst()
     opt = hg_opt(model, controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))
-    assert len(opt._buckets) >= 3 and set(opt._carrier.names) == {"head.weight", "head.bias"}, \
-        [b.names for b in opt._buckets]
-    finished, launches = [], []
-    original, original_launch = opt._finish_step, opt._launch
+    layout = opt.bucket_layout
+    carrier = layout[-1]   # (the last bucket carries the statistics)
+    assert len(layout) >= 3 and set(carrier.names) == {"head.weight", "head.bias"}, [b.names for b in layout]
+    # The order in which the buckets' gradients are all in, from hooks of the test's own...
+    accumulated, hooks = [], []
+    for name, p in model.named_parameters():
+        hooks.append(p.register_post_accumulate_grad_hook(lambda p, name=name: accumulated.append(name)))
+    # ... and the order in which their collectives start, from the backend's calls.
+    backend, started, bucket_prefix = opt.backend, [], opt.collective_prefix + ".bucket."
+    for method in ("allreduce_async", "allgather_async", "pair_exchange_async"):
+        def start(tensor, name, *args, original=getattr(backend, method), **kw):
+            if name.startswith(bucket_prefix) and name[len(bucket_prefix):].isdigit():   # a first phase
+                started.append(int(name[len(bucket_prefix):]))
+            return original(tensor, name, *args, **kw)
+        setattr(backend, method, start)
+    ready, launched, finished = [], [], []
 
-    def launch(bucket):
-        launches.append(bucket.index)
-        original_launch(bucket)
-        if bucket is opt._carrier and len(opt._buckets) > opt._record.launched:
-            assert bucket.handle is None and not bucket.transfer.started, "the carrier started early"
-    opt._launch = launch
-
-    def finish(comm_time, skipped=False):
-        record = opt._record
+    def record_step(step, o):
+        done, complete = set(), []
+        for name in accumulated:
+            done.add(name)
+            complete += [b.index for b in layout if b.index not in complete and set(b.names) <= done]
+        ready.append(complete)
+        launched.append(list(started))
+        accumulated.clear()
+        started.clear()
+        # this rank's whole-step norms before averaging, and what the carrier brought
+        record = o.last_step_record
         n = record.norms
         finished.append(([float(n[0]), float(n[1]), float(n[2]), record.grad_sq], record.step_stats.to_list(),
-                         opt._controller.decision.level))
-        return original(comm_time, skipped)
-    opt._finish_step = finish
+                         o.stats["level"]))
     control = []
-    train(model, opt, 8, hook=lambda s, o: control.append((o.stats["level"], o.stats["control_bytes"])))
+
+    def hook(step, o):
+        control.append((o.stats["level"], o.stats["control_bytes"]))
+        record_step(step, o)
+    try:
+        train(model, opt, 8, hook=hook)
+    finally:
+        for h in hooks:
+            h.remove()
+        for method in ("allreduce_async", "allgather_async", "pair_exchange_async"):
+            delattr(backend, method)   # (the class's methods again)
     # 17 header rows of 8 bytes in an allgather, 8 float32 in an allreduce (docs/architecture.md)
     assert all(b == (32 if level == "dense" else 136) for level, b in control), control
-    assert launches[0] == opt._carrier.index, f"the carrier was not ready first: {launches}"
+    # The carrier's gradients were in first, and its collective, held until every other
+    # bucket was compressed, started last: every step.
+    assert all(order[0] == carrier.index for order in ready), f"the carrier was not ready first: {ready}"
+    assert all(order[-1] == carrier.index and sorted(order) == sorted(b.index for b in layout)
+               for order in launched), f"the carrier started early: {launched}"
     levels = {level for _, _, level in finished}
     assert {"dense", "min"} <= levels or {"dense", "candidate"} <= levels, levels
     for step, (local, carried, level) in enumerate(finished):
@@ -427,8 +426,8 @@ def test_carried_stats_are_complete_averages():
     release(opt)
 
 
-def _bucket_flat(opt, tensors_by_param):
-    return torch.cat([tensors_by_param[p].reshape(-1) for _, p in opt.bucketed_parameters()])
+def _bucket_flat(opt, tensors_by_name):
+    return torch.cat([tensors_by_name[n].reshape(-1) for b in opt.bucket_layout for n in b.names])
 
 
 def test_delivered_window_gain_is_cos2_of_the_window_sums():
@@ -441,12 +440,12 @@ def test_delivered_window_gain_is_cos2_of_the_window_sums():
     model = make_model(seed=3)
     ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=window, variant="delivered")
     opt = hg_opt(model, controller=ctrl)
-    params = [p for _, p in opt.bucketed_parameters()]
+    params = dict(model.named_parameters())
 
-    def residual():   # this rank's residuals, parameter by parameter, in the buckets' order
-        saved = opt.gravac_state_dict()["residuals"]
-        return torch.cat([saved[n].reshape(-1).clone() if n in saved else torch.zeros(p.numel())
-                          for n, p in opt.bucketed_parameters()])
+    def residual():
+        saved = opt.residuals()
+        return torch.cat([saved[n] if n in saved else torch.zeros(params[n].numel())
+                          for b in opt.bucket_layout for n in b.names])
 
     G, checked = None, []
     for step in range(3 * window):
@@ -455,7 +454,7 @@ def test_delivered_window_gain_is_cos2_of_the_window_sums():
         x, y = batch(step)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        G += _bucket_flat(opt, {p: p.grad.detach().clone() for p in params})   # raw local gradients
+        G += _bucket_flat(opt, {n: p.grad.detach().clone() for n, p in params.items()})   # raw local gradients
         sent_cf = ctrl.decision.send_cf
         opt.step()
         if (step + 1) % window == 0:
@@ -485,19 +484,19 @@ def test_predictive_checks_at_its_own_boundaries_and_ranks_agree():
     model = make_model(seed=5)
     ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=window, variant="predictive")
     opt = hg_opt(model, controller=ctrl)
-    params = [p for _, p in opt.bucketed_parameters()]
+    params = dict(model.named_parameters())
 
     def residual():
-        saved = opt.gravac_state_dict()["residuals"]
-        return torch.cat([saved[n].reshape(-1).clone() if n in saved else torch.zeros(p.numel())
-                          for n, p in opt.bucketed_parameters()])
+        saved = opt.residuals()
+        return torch.cat([saved[n] if n in saved else torch.zeros(params[n].numel())
+                          for b in opt.bucket_layout for n in b.names])
 
     G, ends = residual(), []
     for step in range(5 * window):
         x, y = batch(step)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        G += _bucket_flat(opt, {p: p.grad.detach().clone() for p in params})
+        G += _bucket_flat(opt, {n: p.grad.detach().clone() for n, p in params.items()})
         ends_here = ctrl.interval_ends_at(ctrl.step + 1)
         opt.step()
         if ends_here:

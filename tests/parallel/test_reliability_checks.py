@@ -12,7 +12,6 @@ import torch
 
 import horovod.torch as hvd
 import horovod_gravac as hg
-from horovod_gravac import comm
 from horovod_gravac.compressors import RandomKCompressor, TopKCompressor, kept_count
 from horovod_gravac.elastic import TorchState
 
@@ -55,7 +54,7 @@ def _nonfinite_run(value, ranks, controller):
             for r in range(SIZE):
                 assert (flagged[r] > 0) == (r in ranks), f"nonfinite_buckets per rank {flagged}"
     handle.remove()
-    for res in opt.gravac_state_dict()["residuals"].values():
+    for res in opt.residuals().values():
         assert torch.isfinite(res).all(), "a residual was poisoned"
     assert torch.isfinite(flat_params(model)).all(), "parameters became non-finite"
     if isinstance(controller, hg.GraVAC):
@@ -97,7 +96,7 @@ def test_nonfinite_propagates_to_every_rank():
             with opt.skip_synchronize():
                 opt.step()
         handle.remove()
-        for res in opt.gravac_state_dict()["residuals"].values():
+        for res in opt.residuals().values():
             assert torch.isfinite(res).all(), f"{ctrl}: a residual was poisoned"
         assert torch.isfinite(flat_params(model)).all()
         assert_identical_across_ranks(flat_params(model), f"propagate.{type(ctrl).__name__}")
@@ -219,7 +218,7 @@ def test_odd_tensors():
         opt = hg.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       named_parameters=model.named_parameters(), controller=ctrl,
                                       bucket_cap_mb=1e-6)
-        assert len(opt._buckets) == 7, [b.names for b in opt._buckets]
+        assert len(opt.bucket_layout) == 7, [b.names for b in opt.bucket_layout]
         # By hand: each rank's fp32 gradient, compressed alone (first step: no residual); Dense
         # sends fp16 parameters in fp16, so their expected average is an fp16 allreduce.
         probe.zero_grad()
@@ -373,7 +372,7 @@ def test_ckpt_rank0_load_then_broadcast():
         fresh.load_state_dict(ckpt["optimizer"])
     hvd.broadcast_parameters(fresh_model.state_dict(), root_rank=0)
     sync_optimizer_state(fresh)
-    assert fresh.gravac_state_dict()["step"] == 3
+    assert fresh.step_index == 3
     train_steps(fresh_model, fresh, 2, start=3)
     assert_identical_across_ranks(flat_params(fresh_model), "ckpt.rank0.sync")
     release(fresh)
@@ -408,10 +407,9 @@ def test_elastic_save_restore():
     x, y = batch(9)
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
-    assert any(b.handle is not None for b in opt._buckets)
-    for b in opt._buckets:        # drain so Horovod is not left with open handles
-        if b.handle is not None:
-            comm.wait(b.handle)
+    assert opt.in_flight_handles()
+    for handle in opt.in_flight_handles():   # drain so Horovod is not left with open handles
+        hvd.synchronize(handle)
     state.restore()
     assert state.batch == 5 and torch.equal(flat_params(model), saved_params)
     ctrl_state, step, residuals = _gravac_state(opt)
@@ -446,7 +444,9 @@ def test_elastic_sync():
         opt.controller.load_state_dict(hg.GraVAC(theta_min=2, theta_max=128, epsilon=0.2,
                                                  window=3).state_dict())
         opt.controller.set_world_size(SIZE)
-        opt.load_gravac_state_dict({**opt.gravac_state_dict(), "step": 99})
+        drifted = opt.gravac_state_dict()
+        drifted["step"] = 99
+        opt.load_gravac_state_dict(drifted)
         opt.state.clear()   # empty optimizer state: hvd's own handler would call step() here
     state.sync()
     ctrl_state, step, residuals = _gravac_state(opt)
@@ -471,22 +471,21 @@ def test_elastic_reset_world_size():
     x, y = batch(7)   # a step interrupted by the membership change
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
-    for b in opt._buckets:
-        if b.handle is not None:
-            comm.wait(b.handle)
+    for handle in opt.in_flight_handles():
+        hvd.synchronize(handle)
     ladder = (ctrl.theta_min, ctrl.candidate_cf)
-    real_size = comm.size
-    comm.size = lambda: SIZE + 3          # what hvd.size() says after the new rendezvous
+    real_size = hvd.size
+    hvd.size = lambda: SIZE + 3           # what hvd.size() says after the new rendezvous
     try:
         state.on_reset()
         assert opt.world_size == SIZE + 3 and ctrl.world_size == SIZE + 3
         assert abs(ctrl._gain_min.alpha - (SIZE + 3) / 100) < 1e-12, ctrl._gain_min.alpha
         assert not ctrl.throughput.compression, "throughput measured with another N was kept"
         assert (ctrl.theta_min, ctrl.candidate_cf) == ladder
-        assert all(float(r.abs().max()) == 0.0 for r in opt.gravac_state_dict()["residuals"].values())
-        assert all(b.handle is None for b in opt._buckets)
+        assert all(float(r.abs().max()) == 0.0 for r in opt.residuals().values())
+        assert not opt.in_flight_handles()
     finally:
-        comm.size = real_size
+        hvd.size = real_size
     state.on_reset()                      # back to the real world size
     assert opt.world_size == SIZE and abs(ctrl._gain_min.alpha - SIZE / 100) < 1e-12
     state.sync()
@@ -510,7 +509,7 @@ def test_elastic_real_reinit():
     hvd.init()
     state.on_reset()
     state.sync()
-    assert all(float(r.abs().max()) == 0.0 for r in opt.gravac_state_dict()["residuals"].values())
+    assert all(float(r.abs().max()) == 0.0 for r in opt.residuals().values())
     train_steps(model, opt, 5, start=4)
     assert_identical_across_ranks(flat_params(model), "elastic.reinit")
     release(opt)

@@ -429,14 +429,13 @@ def test_the_step_records_the_first_levels_quality_not_the_further_ones(accelera
     import types
     from horovod_gravac.accounting import StepRecord
     from horovod_gravac.controllers import Decision
-    from horovod_gravac.encoder import BucketEncoder
-    link = types.SimpleNamespace(world=2, average=True, predivide=1.0, process_set=None,
+    from horovod_gravac.encoder import BucketEncoder, EncoderSettings
+    link = types.SimpleNamespace(world=2, average=True, predivide=1.0, backend=None,
                                  scale_factors=lambda: (1.0, 1.0))
-    controller = types.SimpleNamespace(needs_consensus=False, tracks_delivery=False, needs_accumulation=False)
+    controller = types.SimpleNamespace(needs_consensus=False)
     comps = {}
-    enc = BucketEncoder(controller=controller, memory=None, interval=None, warm=None, link=link, wire=None,
-                        compressor_factory=lambda cf: comps.setdefault(cf, DGCCompressor(cf)), prefix="t",
-                        nonfinite="propagate", grad_scaler=None, local_clip_norm=None, join_safe=False)
+    enc = BucketEncoder(link, EncoderSettings(wire=None), controller=controller, memory=None, powersgd=None,
+                        compressor_factory=lambda cf: comps.setdefault(cf, DGCCompressor(cf)), prefix="t")
     bucket = types.SimpleNamespace(index=0, numel=1_200_000, device=torch.device("cpu"))
     g = torch.distributions.Laplace(0.0, 1.0).sample((1_200_000,))
     record = StepRecord()
@@ -503,7 +502,7 @@ def test_syncs_per_optimizer_step_on_accelerators(accelerator_path, monkeypatch)
                 opt.zero_grad()
                 model(x).pow(2).mean().backward()
                 opt.step()
-            counts[label] = (len(opt._buckets), c.total)
+            counts[label] = (len(opt.bucket_layout), c.total)
         buckets = counts["dense"][0]
         assert buckets >= 4, counts
         assert counts["dense"][1] == buckets, counts
@@ -546,7 +545,7 @@ def test_launches_per_optimizer_step_do_not_grow_with_the_parameter_count(accele
                     loss.backward()
                     opt.step()
             if wrap:
-                assert len(opt._buckets) == 1
+                assert len(opt.bucket_layout) == 1
             counts.append(c.launches)
         return counts[1] - counts[0]
     try:

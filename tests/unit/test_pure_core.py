@@ -100,6 +100,53 @@ print("ok")
     assert _python("-c", script) == "ok"
 
 
+#: The rest of the core: everything but the Horovod backend, the optimizer and elastic.  They
+#: import where Horovod cannot be imported (the compressors still subclass Horovod's
+#: ``Compressor`` when it is there, so importing them loads it then).
+CORE = ["horovod_gravac." + m for m in (
+    "compressors", "error_feedback", "accounting", "encoder", "transfers", "lowrank", "consensus",
+    "checkpoint", "comm", "backend", "pipeline", "options", "sparse")]
+HOROVOD_ONLY = ["horovod_gravac.horovod_backend", "horovod_gravac.optimizer", "horovod_gravac.elastic"]
+
+
+def test_the_core_imports_where_horovod_cannot_be_imported():
+    """Only the Horovod backend, the optimizer and elastic need Horovod; the core modules
+    (the encoder, transfers, consensus, error feedback...) import without it."""
+    pytest.importorskip("torch")
+    script = f"""
+import importlib, sys
+sys.modules["horovod"] = None          # any import of horovod or horovod.* now fails
+for name in {CORE!r}:
+    importlib.import_module(name)
+refused = []
+for name in {HOROVOD_ONLY!r}:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        refused.append(name)
+print(refused)
+"""
+    assert _python("-c", script) == repr(HOROVOD_ONLY)
+
+
+def test_core_modules_name_no_collective_library():
+    """The core reaches collectives only through the backend it is handed: no module but the
+    Horovod backend, the optimizer and elastic (and the training harness) imports Horovod."""
+    package = ROOT / "horovod_gravac"
+    allowed = {package / "horovod_backend.py", package / "optimizer.py", package / "elastic.py"}
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        if path in allowed or "harness" in path.parts:
+            continue
+        for line in path.read_text().splitlines():
+            stripped = line.strip()
+            if stripped.startswith(("import horovod.", "from horovod.", "import horovod ")) \
+                    or stripped == "import horovod":
+                offenders.append(f"{path.relative_to(ROOT)}: {stripped}")
+    # (compressors/base.py imports Horovod's Compressor as its base where Horovod is installed)
+    assert [o for o in offenders if "compressors/base.py" not in o] == [], offenders
+
+
 def test_compressors_are_horovod_compressors():
     hc = pytest.importorskip("horovod.torch.compression")
     from horovod_gravac import compressors

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import horovod_gravac as hg
-from horovod_gravac import comm, compressors
+from horovod_gravac import comm, compressors, horovod_backend
 from horovod_gravac.compressors import PowerSGDCompressor, RandomKCompressor, TopKCompressor
 from horovod_gravac.policy import Geometric
 
@@ -160,7 +160,7 @@ def test_timeout_resolution(hvd1, monkeypatch):
 
 # ============================================================ item 4: bounded waits (unit)
 class _NeverDone:
-    """Stands in for ``hvd``: a collective whose peers never arrive."""
+    """Stands in for ``hvd`` in the Horovod backend: a collective whose peers never arrive."""
 
     def __init__(self, done_after=math.inf):
         self.done_after, self.polls, self.start = done_after, 0, time.monotonic()
@@ -179,12 +179,16 @@ class _NeverDone:
         return 2
 
 
+def _backend():
+    return horovod_backend.HorovodBackend(process_set=object())   # (never asked: wait needs no set)
+
+
 def test_wait_raises_a_clear_timeout_naming_the_collective(monkeypatch):
     fake = _NeverDone()
-    monkeypatch.setattr(comm, "hvd", fake)
+    monkeypatch.setattr(horovod_backend, "hvd", fake)
     t0 = time.monotonic()
     with pytest.raises(comm.CollectiveTimeoutError) as info:
-        comm.wait(object(), "gravac.bucket.3", timeout=0.3)
+        _backend().wait(object(), "gravac.bucket.3", timeout=0.3)
     elapsed = time.monotonic() - t0
     assert 0.3 <= elapsed < 1.0
     msg = str(info.value)
@@ -195,13 +199,13 @@ def test_wait_raises_a_clear_timeout_naming_the_collective(monkeypatch):
 
 def test_wait_returns_when_done_and_unbounded_skips_polling(monkeypatch):
     fake = _NeverDone(done_after=0.05)
-    monkeypatch.setattr(comm, "hvd", fake)
+    monkeypatch.setattr(horovod_backend, "hvd", fake)
     t0 = time.monotonic()
-    assert comm.wait(object(), "x", timeout=5.0) == "result"
+    assert _backend().wait(object(), "x", timeout=5.0) == "result"
     assert time.monotonic() - t0 < 0.5       # polls back off to 1 ms at most
     fake = _NeverDone()
-    monkeypatch.setattr(comm, "hvd", fake)
-    assert comm.wait(object(), "x", timeout=math.inf) == "result" and fake.polls == 0
+    monkeypatch.setattr(horovod_backend, "hvd", fake)
+    assert _backend().wait(object(), "x", timeout=math.inf) == "result" and fake.polls == 0
 
 
 # ============================================================ elastic (unit)
@@ -244,9 +248,9 @@ class FakeHorovod:
     def shutdown(self):
         if sys.argv[1] == "blocks":
             time.sleep(600)   # Horovod's shutdown waiting for a frozen peer
-comm.hvd = FakeHorovod()
-comm.arm_exit_guard()
-comm.arm_exit_guard()   # idempotent
+shutdown = FakeHorovod().shutdown
+comm.arm_exit_guard(shutdown)
+comm.arm_exit_guard(shutdown)   # idempotent
 print("armed", flush=True)
 print("unflushed output must survive os._exit", end="")
 """

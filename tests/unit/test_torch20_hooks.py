@@ -26,8 +26,15 @@ def _train(node_hooks, monkeypatch, wrap=True, **kwargs):
     fired, in_backward = [], [False]
     if wrap:
         opt = hg.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kwargs)
-        launch = opt._launch
-        opt._launch = lambda bucket: (in_backward[0] and fired.append((step, bucket.index)), launch(bucket))[1]
+        backend = opt.backend   # a bucket's collective starts when its last hook fires
+        for method in ("allreduce_async", "allgather_async", "pair_exchange_async"):
+            start = getattr(backend, method)
+
+            def started(tensor, name, *args, start=start, **kw):
+                if in_backward[0] and ".bucket." in name:
+                    fired.append((step, int(name.rsplit(".bucket.", 1)[1])))
+                return start(tensor, name, *args, **kw)
+            setattr(backend, method, started)
     g = torch.Generator().manual_seed(1)
     for step in range(6):
         if step == 3:

@@ -1,9 +1,9 @@
 """The sparse wire format and the statistics that ride in a bucket's collective
-(``comm.py``), checked on one process by emulating what a collective returns."""
+(``wire.py``), checked on one process by emulating what a collective returns."""
 import pytest
 import torch
 
-from horovod_gravac import comm, wire
+from horovod_gravac import wire
 from horovod_gravac.compressors import SparsePayload
 
 
@@ -12,7 +12,7 @@ def payload(values, indices):
 
 
 def test_pack_without_stats_is_eight_bytes_per_entry():
-    packed = comm.pack(payload([1.5, -2.0], [3, 0]))
+    packed = wire.pack(payload([1.5, -2.0], [3, 0]))
     assert packed.dtype == torch.int32 and packed.shape == (2, 2)
     assert packed[:, 1].tolist() == [3, 0]
     assert packed[:, 0].view(torch.float32).tolist() == [1.5, -2.0]
@@ -25,13 +25,13 @@ def test_headers_survive_an_uneven_gather_and_are_dropped_from_the_sum():
         (payload([], []), [2.0, 1.0, 0.5, 1.0e300, 7.0, 1.0]),
         (payload([10.0], [4]), [6.0, 5.0, 0.25, 0.5, 0.0, 0.0]),
     ]
-    packed = [comm.pack(p, torch.tensor(s, dtype=torch.float64), numel) for p, s in ranks]
+    packed = [wire.pack(p, torch.tensor(s, dtype=torch.float64), numel) for p, s in ranks]
     assert [t.shape[0] for t in packed] == [13 + 3, 13, 13 + 1]
     gathered = torch.cat(packed)          # what hvd.allgather returns on every rank
-    stats = comm.read_header_stats(gathered, world=3, n=6)
+    stats = wire.read_header_stats(gathered, world=3, n=6)
     expected = torch.tensor([s for _, s in ranks], dtype=torch.float64).sum(0) / 3
     assert torch.equal(stats, expected)   # float64, bit for bit
-    dense = comm.unpack_sum(gathered, numel)
+    dense = wire.unpack_sum(gathered, numel)
     assert dense.shape == (numel,)
     assert dense.tolist() == [1.0, 0, 0, 0, 12.0, 0, 0, 0, 0, 3.0]
 
@@ -41,32 +41,32 @@ def test_headers_read_back_when_copying_to_the_cpu_makes_a_fresh_contiguous_colu
     words after the row count sit at an odd storage offset and cannot be viewed as float64
     in place (an H200 run raised there).  Emulated here by a ``cpu()`` that copies."""
     stats = [torch.tensor([1.5, -2.0, 3.25, 0.0, 1e-300, 7.0], dtype=torch.float64) * (r + 1) for r in range(3)]
-    gathered = torch.cat([comm.pack(payload([1.0] * r, list(range(r))), s, 4) for r, s in enumerate(stats)])
+    gathered = torch.cat([wire.pack(payload([1.0] * r, list(range(r))), s, 4) for r, s in enumerate(stats)])
     monkeypatch.setattr(torch.Tensor, "cpu", lambda self: self.clone(memory_format=torch.contiguous_format))
-    assert torch.equal(comm.read_header_stats(gathered, world=3, n=6), torch.stack(stats).sum(0) / 3)
+    assert torch.equal(wire.read_header_stats(gathered, world=3, n=6), torch.stack(stats).sum(0) / 3)
     words = torch.cat([torch.tensor([7], dtype=torch.int32), stats[0].view(torch.int32)])
     assert words[1:].storage_offset() == 1 and words[1:].is_contiguous()
     assert torch.equal(wire.words_as_float64(words[1:]), stats[0])
 
 
 def test_a_gather_whose_headers_do_not_add_up_is_an_error():
-    packed = comm.pack(payload([1.0], [2]), torch.zeros(6, dtype=torch.float64), 5)
+    packed = wire.pack(payload([1.0], [2]), torch.zeros(6, dtype=torch.float64), 5)
     with pytest.raises(RuntimeError, match="statistics header"):
-        comm.read_header_stats(torch.cat([packed, packed[:3]]), world=2, n=6)
+        wire.read_header_stats(torch.cat([packed, packed[:3]]), world=2, n=6)
     with pytest.raises(RuntimeError, match="disagree"):
-        comm.read_header_stats(torch.cat([packed, packed]), world=1, n=6)
+        wire.read_header_stats(torch.cat([packed, packed]), world=1, n=6)
 
 
 def test_stats_appended_to_an_allreduce_come_back_and_leave_the_tensor_alone():
     flat = torch.arange(5, dtype=torch.float32)
     stats = torch.tensor([3.0, 1.0e-3, 123456.789, 0.0, 2.0, 1.0], dtype=torch.float64)
-    sent = comm.with_stats(flat, stats)
+    sent = wire.with_stats(flat, stats)
     assert sent.dtype == torch.float32 and sent.numel() == 11
     assert sent.data_ptr() != flat.data_ptr()       # a copy: the residual buffer is untouched
-    tensor, back = comm.split_stats(sent, 6)
+    tensor, back = wire.split_stats(sent, 6)
     assert torch.equal(tensor, flat) and back.dtype == torch.float64
     assert torch.allclose(back, stats, rtol=1e-7, atol=0)
-    big = comm.split_stats(comm.with_stats(flat, torch.tensor([1e39] + [0.0] * 5, dtype=torch.float64)), 6)[1]
+    big = wire.split_stats(wire.with_stats(flat, torch.tensor([1e39] + [0.0] * 5, dtype=torch.float64)), 6)[1]
     assert big[0] == float("inf")   # beyond float32: the optimizer treats the step as non-finite
 
 
@@ -78,20 +78,20 @@ def test_sum_of_colliding_rows_is_deterministic_and_switch_is_restored(monkeypat
     monkeypatch.setattr(torch, "use_deterministic_algorithms",
                         lambda mode, warn_only=False: (calls.append((mode, warn_only)), real(mode, warn_only=warn_only)))
     g = torch.Generator().manual_seed(0)
-    rows = [comm.pack(payload(torch.randn(50, generator=g).tolist(),
+    rows = [wire.pack(payload(torch.randn(50, generator=g).tolist(),
                               torch.randperm(60, generator=g)[:50].int().tolist())) for _ in range(3)]
     gathered = torch.cat(rows)
-    plain = comm.unpack_sum(gathered, 60)
+    plain = wire.unpack_sum(gathered, 60)
     assert calls == []                                   # the CPU adds in order without it
     monkeypatch.setattr(wire, "_adds_with_atomics", lambda t: True)
-    assert torch.equal(comm.unpack_sum(gathered, 60), plain)
+    assert torch.equal(wire.unpack_sum(gathered, 60), plain)
     assert calls == [(True, True), (False, False)]
     assert not torch.are_deterministic_algorithms_enabled()
     # a user who enabled it already keeps it: nothing is switched
     calls.clear()
     real(True)
     try:
-        comm.unpack_sum(gathered, 60)
+        wire.unpack_sum(gathered, 60)
         assert calls == [] and torch.are_deterministic_algorithms_enabled()
     finally:
         real(False)
@@ -104,7 +104,6 @@ def test_step_stats_round_trip_in_wire_order():
     t = s.to_tensor()
     assert t.dtype == torch.float64 and t.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 1.0]
     assert wire.N_STATS == 8 and wire.StepStats.from_tensor(t) == s
-    assert comm.N_STATS == wire.N_STATS and comm.pack is wire.pack
 
 
 # -- float64 payloads and the dtype the wire says it carries --------------------------------
@@ -117,19 +116,19 @@ EXACT64 = [1.0000000001, -1e39, 2.0 ** -1022, 0.1]
 
 
 def test_float64_values_travel_in_three_word_rows_bit_for_bit():
-    packed = comm.pack(payload64(EXACT64, [5, 0, 9, 3]))
+    packed = wire.pack(payload64(EXACT64, [5, 0, 9, 3]))
     assert packed.dtype == torch.int32 and packed.shape == (4, 3)   # 12 bytes an entry
-    assert comm.row_words(torch.float64) == 3 and comm.row_words(torch.float32) == 2
-    assert comm.row_words(torch.float16) == 2   # half precision travels as float32
+    assert wire.row_words(torch.float64) == 3 and wire.row_words(torch.float32) == 2
+    assert wire.row_words(torch.float16) == 2   # half precision travels as float32
     assert packed[:, 2].tolist() == [5, 0, 9, 3]
     assert packed[:, :2].contiguous().view(torch.float64).view(-1).tolist() == EXACT64
-    dense = comm.unpack_sum(packed, 10, torch.float64)
+    dense = wire.unpack_sum(packed, 10, torch.float64)
     assert dense.dtype == torch.float64
     want = torch.zeros(10, dtype=torch.float64)
     want[[5, 0, 9, 3]] = torch.tensor(EXACT64, dtype=torch.float64)
     assert torch.equal(dense, want)
     # float32 payloads keep their two-word rows, bit for bit as before
-    assert comm.pack(payload([1.5], [2])).shape == (1, 2)
+    assert wire.pack(payload([1.5], [2])).shape == (1, 2)
 
 
 def test_float64_headers_survive_an_uneven_gather_and_are_dropped_from_the_sum():
@@ -137,12 +136,12 @@ def test_float64_headers_survive_an_uneven_gather_and_are_dropped_from_the_sum()
     ranks = [(payload64([1.0000000001, 2.0, 1e39], [0, 4, 9]), [4.0, 3.0, 1e78, 2.5, 0.0, 0.0]),
              (payload64([], []), [2.0, 1.0, 0.5, 1.0e300, 7.0, 1.0]),
              (payload64([10.0], [4]), [6.0, 5.0, 0.25, 0.5, 0.0, 0.0])]
-    packed = [comm.pack(p, torch.tensor(s, dtype=torch.float64), numel) for p, s in ranks]
+    packed = [wire.pack(p, torch.tensor(s, dtype=torch.float64), numel) for p, s in ranks]
     assert [tuple(t.shape) for t in packed] == [(13 + 3, 3), (13, 3), (13 + 1, 3)]
     gathered = torch.cat(packed)
-    assert torch.equal(comm.read_header_stats(gathered, world=3, n=6),
+    assert torch.equal(wire.read_header_stats(gathered, world=3, n=6),
                        torch.tensor([s for _, s in ranks], dtype=torch.float64).sum(0) / 3)
-    dense = comm.unpack_sum(gathered, numel, torch.float64)
+    dense = wire.unpack_sum(gathered, numel, torch.float64)
     assert dense.tolist() == [1.0000000001, 0, 0, 0, 12.0, 0, 0, 0, 0, 1e39]
 
 
@@ -151,12 +150,12 @@ def test_float64_join_safe_slots_sum_to_every_payload_and_its_statistics():
     a joined rank's slot is zeros (an empty payload, statistics zero)."""
     numel, world, cap = 8, 3, 4
     stats = [torch.tensor([float(r + 1)] * 6, dtype=torch.float64) for r in range(world)]
-    slots = [comm.pack_slot(payload64([1.0000000001 * (r + 1)], [r]), stats[r], numel, world, r, cap, 6)
+    slots = [wire.pack_slot(payload64([1.0000000001 * (r + 1)], [r]), stats[r], numel, world, r, cap, 6)
              for r in range(2)]
-    assert all(t.shape == (world * comm.slot_rows(cap, 6), 3) for t in slots)
+    assert all(t.shape == (world * wire.slot_rows(cap, 6), 3) for t in slots)
     summed = slots[0] + slots[1]   # rank 2 joined: adds zeros
-    assert torch.equal(comm.read_slot_stats(summed, world, cap, 6), (stats[0] + stats[1]) / world)
-    dense = comm.unpack_sum(summed, numel, torch.float64)
+    assert torch.equal(wire.read_slot_stats(summed, world, cap, 6), (stats[0] + stats[1]) / world)
+    dense = wire.unpack_sum(summed, numel, torch.float64)
     assert dense[:3].tolist() == [1.0000000001, 2.0000000002, 0.0] and not dense[3:].any()
 
 
@@ -165,11 +164,11 @@ def test_a_payload_read_as_the_wrong_dtype_is_an_error_naming_the_bucket(sent, e
     """The rows' width says which dtype they carry; a rank whose bucket expects the other
     dtype refuses to read them (Horovod itself refuses to gather rows of different widths)."""
     made = payload64 if sent == torch.float64 else payload
-    packed = comm.pack(made([1.0, 2.0], [0, 1]), torch.zeros(6, dtype=torch.float64), 4)
-    assert comm.rows_dtype(packed, sent, "gravac.bucket.3") == sent
+    packed = wire.pack(made([1.0, 2.0], [0, 1]), torch.zeros(6, dtype=torch.float64), 4)
+    assert wire.rows_dtype(packed, sent, "gravac.bucket.3") == sent
     with pytest.raises(RuntimeError, match=f"bucket gravac.bucket.3 arrived as rows of "
-                                           f"{comm.row_words(sent)} int32 words \\({sent} values\\).*"
+                                           f"{wire.row_words(sent)} int32 words \\({sent} values\\).*"
                                            f"sends {expected} values"):
-        comm.unpack_sum(packed, 4, expected, "gravac.bucket.3")
+        wire.unpack_sum(packed, 4, expected, "gravac.bucket.3")
     with pytest.raises(RuntimeError, match="bucket gravac.bucket.3 arrived as a tensor of shape \\(8,\\)"):
-        comm.rows_dtype(torch.zeros(8, dtype=torch.int32), sent, "gravac.bucket.3")
+        wire.rows_dtype(torch.zeros(8, dtype=torch.int32), sent, "gravac.bucket.3")

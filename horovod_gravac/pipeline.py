@@ -1,0 +1,87 @@
+"""``BucketPipeline``: an optimizer's buckets through one step, whatever drives it.
+
+The optimizer (``optimizer.py``) calls :meth:`BucketPipeline.launch` from its gradient hooks
+as each bucket's gradients are ready, then :meth:`~BucketPipeline.finish` and
+:meth:`~BucketPipeline.settle` in ``synchronize()``:
+
+    launch(bucket)  encode it (``encoder.py``), add what it measured to the interval sums,
+                    start its collective; the carrier's (the last bucket's) waits until
+                    every other bucket is encoded, then starts with the step's statistics
+    finish()        every bucket's collectives done, the combined gradients in ``p.grad``
+    settle()        residual = g_ef - sent (or, for a step every rank skips, as before it)
+
+No collective library is imported here: the transfers go through the link's backend.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from .accounting import StepRecord
+from .buckets import Bucket, BucketSet
+from .consensus import ends_interval
+from .controllers import Controller
+from .encoder import BucketEncoder
+from .error_feedback import ErrorFeedback, IntervalSum
+from .wire import StepStats
+
+
+class BucketPipeline:
+    def __init__(self, buckets: BucketSet, encoder: BucketEncoder, memory: ErrorFeedback,
+                 interval: IntervalSum, controller: Controller):
+        self.buckets, self.encoder = buckets, encoder
+        self.memory, self.interval, self.controller = memory, interval, controller
+
+    def launch(self, bucket: Bucket, record: StepRecord, scale: float, step_index: int) -> None:
+        """Encode ``bucket`` and start its collective, unless it carries the step's
+        statistics: those are complete only once every bucket is encoded, so the last
+        bucket to launch starts the carrier's."""
+        # The carrier can change mid-step (a gradient turned out sparse): decided here.
+        carrier = self.buckets.carrier
+        with_stats = bucket is carrier and self.controller.needs_consensus
+        encoded = self.encoder.encode(bucket, self.controller.decision, record, scale=scale,
+                                      step_index=step_index, with_stats=with_stats)
+        bucket.transfer = encoded.transfer
+        self.interval.record(bucket, encoded.grads, encoded.sent, scale)
+        if not with_stats:
+            bucket.transfer.start()
+        record.launched += 1
+        if record.launched == len(self.buckets) and carrier is not None and carrier.transfer is not None \
+                and not carrier.transfer.started:
+            carrier.transfer.start(self.local_stats(record, scale).to_tensor())
+
+    def local_stats(self, record: StepRecord, scale: float) -> StepStats:
+        """This rank's statistics of the step, for the carrier; at an accumulation
+        interval's end (``record.at_boundary``) with the interval's sums, which start again."""
+        record.at_boundary = ends_interval(self.controller)
+        window = self.interval.take_window(self.buckets) if record.at_boundary else (0.0, 0.0, 0.0)
+        return record.local_stats(scale, *window)
+
+    def finish(self, record: StepRecord) -> List[torch.Tensor]:
+        """Wait for every bucket's collectives and write the combined gradients to the
+        parameters' ``grad``; returns each bucket's combined flat gradient."""
+        for bucket in self.buckets:   # every first phase is in flight before any later one waits
+            bucket.transfer.advance()
+        aggregates = []
+        for bucket in self.buckets:
+            aggregated = bucket.transfer.finish()   # flat float32 (float64: a float64 bucket)
+            record.add_transfer(bucket.transfer)
+            aggregates.append(aggregated)
+            bucket.write_grads(aggregated)
+        return aggregates
+
+    def settle(self, record: StepRecord, scale: float, skipped: bool) -> None:
+        """residual = g_ef - sent in every bucket that formed one this step; for a step every
+        rank skips (a loss scaler's overflow), the residuals and interval sums from before it.
+        Then every bucket is ready for the next step."""
+        for bucket in self.buckets:
+            if not skipped:
+                self.encoder.commit_residual(bucket, scale)
+            elif bucket.update_residual:
+                self.memory.undo(bucket.index)
+                self.interval.undo(bucket.index)
+        if record.at_boundary and not skipped:   # GraVAC "delivered": the next window owes them
+            self.interval.owe_residuals(self.buckets, self.memory.residuals)
+        for bucket in self.buckets:
+            bucket.reset()
