@@ -9,10 +9,11 @@ error-feedback residual, and sends exact Top-k of one flat bucket at the CF the 
 decided; the update is the mean of what was sent.  The real controller (``GraVAC``,
 ``StaticCF``) is fed the statistics it decides from (window sums for ``"delivered"``, the
 paper's per-step gains of theta_min and of the multi-level candidate for ``"paper"`` and
-``"ladder"``; under ``"delivered"`` the per-step gains in its history read 0).  Step
-time is modelled, ``a + b / CF`` ms (dense: ``d``), fitted to the committed adaptivity medians
-at 100 Mbit/s, with +-10 % noise, so ``"delivered"``'s throughput comparisons have something
-to compare.  The point is accuracy: what a rule's CF choices do to the model, per seed.
+``"ladder"``; under ``"delivered"`` and ``"predictive"`` the per-step gains in its history
+read 0).  Step time is modelled, ``a + b / CF`` ms (dense: ``d``), fitted to the committed
+adaptivity medians at 100 Mbit/s, with +-10 % noise, so the throughput comparisons have
+something to compare; the communication wait a controller reads (``comm_time``) is its
+``b / CF`` part.  The point is accuracy: what a rule's CF choices do to the model, per seed.
 
     python -m benchmarks.controller_study --seeds 42,1,2,3,4 \\
         --specs 'static:1' 'static:10' 'gravac:{"variant": "delivered", "hold_windows": 0}'
@@ -163,14 +164,16 @@ def simulate(workload: str, spec: str, seed: int, steps: int = 300, window: int 
         ms = (dense_ms if d.send_cf == DENSE else a + b / d.send_cf) * jitter.uniform(0.9, 1.1)
         seconds += ms / 1000
         sums = {}
-        if step % window == 0:
+        if ctrl.interval_ends_at(step) if ctrl.accumulation_interval is not None or ctrl.tracks_delivery \
+                else step % window == 0:
             sums = dict(accumulated_sq=sum(float(g @ g) for g in owed) / WORKERS,
                         window_dot=sum(float(g @ s) for g, s in zip(owed, delivered)) / WORKERS,
                         window_sent_sq=sum(float(s @ s) for s in delivered) / WORKERS)
             owed = [r.clone() for r in residual]
             delivered = [torch.zeros(n) for _ in range(WORKERS)]
+        comm_ms = ms - a * ms / (dense_ms if d.send_cf == DENSE else a + b / d.send_cf)   # the jittered b / CF
         ctrl.observe(StepObservation(ef_sq=ef_sq, min_sq=min_sq, candidate_sq=cand_sq, step_time=ms / 1000,
-                                     samples=float(WORKERS * BATCH), **sums))
+                                     samples=float(WORKERS * BATCH), comm_time=comm_ms / 1000, **sums))
         if step % eval_every == 0:
             model.eval()
             with torch.no_grad():

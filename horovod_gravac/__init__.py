@@ -5,6 +5,7 @@ Replace ``hvd.DistributedOptimizer(opt, named_parameters=...)`` with
 controller=GraVAC(theta_min=10, theta_max=1000, epsilon=0.7))``.
 """
 from .controllers import (Accordion, Controller, Decision, DeliveredGraVAC, Dense, GraVAC, LadderGraVAC, PaperGraVAC,
+                          PredictiveGraVAC,
                           StaticCF, StepObservation)
 from .policy import Exponential, Geometric
 
@@ -38,5 +39,5 @@ def __getattr__(name):
 __all__ = ["DistributedOptimizer", "ddp", "TopKCompressor", "PowerSGDCompressor", "DGCCompressor",
            "RedSyncCompressor", "SIDCoCompressor", "RandomKCompressor", "SparseCompressor",
            "SparsePayload", "SparseContext", "Dense", "StaticCF", "GraVAC", "PaperGraVAC", "LadderGraVAC",
-           "DeliveredGraVAC", "Accordion",
+           "DeliveredGraVAC", "PredictiveGraVAC", "Accordion",
            "Controller", "Decision", "StepObservation", "Exponential", "Geometric"]

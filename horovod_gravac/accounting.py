@@ -2,8 +2,7 @@
 
 One record per step: the encoder adds norms, quality and the NaN/Inf count as buckets
 are compressed, transfers add their bytes as they finish, and the optimizer turns it
-into ``optimizer.stats`` (its keys: docs/architecture.md, "What a step reports") once the
-step is synchronized.
+into ``optimizer.stats`` (its keys: docs/architecture.md, "What a step reports") once the step is synchronized.
 """
 from __future__ import annotations
 

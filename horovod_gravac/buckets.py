@@ -2,8 +2,8 @@
 
 How a model's parameters are grouped (``bucket_cap_mb``, Horovod's ``groups``) and what a
 bucket holds during a step.  Pure bookkeeping with no Horovod import, so the bucketing can be
-used and tested without it (``benchmarks/randomk_draw.py`` takes ResNet101's bucket sizes
-from here); :mod:`horovod_gravac.optimizer` drives the buckets through a step.
+used and tested without it (``tests/unit/test_buckets.py``); :mod:`horovod_gravac.optimizer`
+drives the buckets through a step.
 """
 from __future__ import annotations
 

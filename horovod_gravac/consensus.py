@@ -14,12 +14,11 @@ at their checks only, from the step time, which each rank measures for itself
   other ranks load it, so every rank leaves the check with rank 0's state.
 
 Measured on 2 CPU ranks, one small broadcast per step cost 1.3-1.4x a static step on
-models under a million parameters; with one per window, GraVAC settled at a CF costs
-1.03-1.08x a static step at that CF (a 2.37M-parameter MLP).  Were a rank's arithmetic
-ever to differ between checks, the ranks would still aggregate the same allgathered
-payloads (the same update everywhere); a dense step on one rank against a sparse one on
-another is a mismatch Horovod reports as an error.  The next check puts every rank back on
-rank 0's state.
+models under a million parameters; one per window costs nothing measurable.  Were a
+rank's arithmetic ever to differ between checks, the ranks would still aggregate the same
+allgathered payloads (the same update everywhere); a dense step on one rank against a sparse
+one on another is a mismatch Horovod reports as an error.  The next check puts every rank
+back on rank 0's state.
 
 Submitting from the training thread, in program order, matters: Horovod numbers
 every collective a process submits, and a user's unnamed ``hvd.allreduce(loss)``
@@ -49,18 +48,18 @@ CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compressi
 
 def ends_interval(controller: Controller) -> bool:
     """Whether the step the controller observes next closes its accumulation interval
-    (Accordion's interval, GraVAC "delivered"'s window): its statistics then carry the
-    interval's sums."""
-    interval = controller.accumulation_interval
-    return interval is not None and (controller.step + 1) % interval == 0
+    (Accordion's interval, GraVAC "delivered"'s window, the interval ends "predictive" sets
+    itself): its statistics then carry the interval's sums."""
+    return controller.interval_ends_at(controller.step + 1)
 
 
-def observation(step_stats: StepStats, step_time: float, world: int, at_boundary: bool) -> StepObservation:
+def observation(step_stats: StepStats, step_time: float, world: int, at_boundary: bool,
+                comm_time: float = 0.0) -> StepObservation:
     """The controller's view of one step, from the rank-averaged statistics."""
     s = step_stats
     return StepObservation(
         ef_sq=s.ef_sq, min_sq=s.min_sq, candidate_sq=s.candidate_sq,
-        step_time=step_time, samples=float(world), grad_sq=s.grad_sq,
+        step_time=step_time, samples=float(world), grad_sq=s.grad_sq, comm_time=comm_time,
         accumulated_sq=s.accumulated_sq if at_boundary else None,
         window_dot=s.window_dot if at_boundary else None,
         window_sent_sq=s.window_sent_sq if at_boundary else None,
@@ -100,14 +99,14 @@ class DecisionExchange(_Exchange):
         return self.backend.rank() == 0
 
     def start(self, step_stats: StepStats, step_time: float, world: int, at_boundary: bool,
-              observe: bool, stats: dict) -> None:
+              observe: bool, stats: dict, comm_time: float = 0.0) -> None:
         """Observe this step.  ``observe=False``: the step is not fed to the controller
         (every rank skipped it: a loss-scaler overflow, or no statistics arrived)."""
         ctrl = self.controller
         if observe:
             check = ctrl.checks_at(ctrl.step + 1)
             sent = ctrl.decision   # what this step did: the same on every rank since the last check
-            ctrl.observe(observation(step_stats, step_time, world, at_boundary))
+            ctrl.observe(observation(step_stats, step_time, world, at_boundary, comm_time))
             if check:   # rank 0's state (and decision) on every rank
                 root = self.is_root()
                 state, root_sent = self.backend.broadcast_object((ctrl.state_dict(), sent) if root else None,
@@ -150,11 +149,12 @@ class JoinSafeExchange(_Exchange):
     a checkpoint), every rank takes the controller state and step index of the one
     furthest ahead first.  Static controllers with a shared-seed compressor use it for
     the step index alone.  Statistics of step t are filled in when step t+1 starts.
-    Pending: (step_stats, step_time, world, at_boundary, observe, stats)."""
+    Pending: (step_stats, step_time, world, at_boundary, observe, stats, comm_time); the
+    step and communication times observed are means over the ranks that took part."""
 
     def start(self, step_stats: StepStats, step_time: float, world: int, at_boundary: bool,
-              observe: bool, stats: dict) -> None:
-        self._pending = (step_stats, step_time, world, at_boundary, observe, stats)
+              observe: bool, stats: dict, comm_time: float = 0.0) -> None:
+        self._pending = (step_stats, step_time, world, at_boundary, observe, stats, comm_time)
 
     def begin_step(self, step_index: int, world: int) -> int:
         """The collective part (every rank, before its step's first bucket).  Returns the
@@ -164,10 +164,11 @@ class JoinSafeExchange(_Exchange):
         me = backend.rank()
         ctrl = self.controller
         step_time = self._pending[1] if self._pending is not None else 0.0
-        buf = torch.zeros(2 + world, dtype=torch.float64)
-        buf[0], buf[1], buf[2 + me] = step_time, 1.0, float(step_index + 1)
+        comm_time = self._pending[6] if self._pending is not None else 0.0
+        buf = torch.zeros(3 + world, dtype=torch.float64)
+        buf[0], buf[1], buf[2], buf[3 + me] = step_time, 1.0, comm_time, float(step_index + 1)
         backend.wait(backend.allreduce_async(buf, self.name, ReduceOp.SUM), self.name, self.timeout)
-        active, steps = buf[1].item(), buf[2:].tolist()
+        active, steps = buf[1].item(), buf[3:].tolist()
         present = [s for s in steps if s > 0]
         if any(s != present[0] for s in present):
             src = max(range(world), key=lambda r: (steps[r], -r))
@@ -178,10 +179,11 @@ class JoinSafeExchange(_Exchange):
             self._pending = None   # observed with a step time the others do not share
             return int(state[1])
         if self._pending is not None:
-            step_stats, _, world_, at_boundary, observe, stats = self._pending
+            step_stats, _, world_, at_boundary, observe, stats, _ = self._pending
             self._pending = None
             if observe:
-                ctrl.observe(observation(step_stats, buf[0].item() / max(active, 1.0), world_, at_boundary))
+                ctrl.observe(observation(step_stats, buf[0].item() / max(active, 1.0), world_, at_boundary,
+                                         buf[2].item() / max(active, 1.0)))
             self._fill_stats(stats)
         return step_index
 
@@ -219,9 +221,9 @@ def observe_step(exchange, controller: Controller, step_stats, step_time: float,
         observed = not skipped and step_stats is not None
         stats.update(dict.fromkeys(CONSENSUS_STATS))   # filled in by the exchange
         exchange.start(step_stats if step_stats is not None else StepStats(), step_time, world, at_boundary,
-                       observe=observed, stats=stats)
+                       observe=observed, stats=stats, comm_time=comm_time)
     elif not skipped:
-        controller.observe(StepObservation(0.0, 0.0, 0.0, step_time))
+        controller.observe(StepObservation(0.0, 0.0, 0.0, step_time, comm_time=comm_time))
 
 
 def check_agreement(backend: CollectiveBackend, mine: dict, name: str, timeout: float, hints=None) -> None:

@@ -472,7 +472,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
                                step_time, comm_time, skipped)
         self._last_collectives = tuple(record.collectives)
         observe_step(self._exchange, ctrl, record.step_stats, step_time, self.world_size, record.at_boundary,
-                     skipped, stats)
+                     skipped, stats, comm_time)
         self._stats = stats
         if not skipped:
             self._step_index += 1
@@ -487,8 +487,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def stats(self) -> Dict[str, float]:
-        """What the last step did, the gains and ``next_cf`` included: ``step()`` fills them in
-        before it returns (the keys: docs/architecture.md, "What a step reports")."""
+        """What the last step did (docs/architecture.md, "What a step reports"), the gains and ``next_cf``
+        included: ``step()`` fills them in before it returns."""
         return self._stats
 
     @property
@@ -717,8 +717,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             an allgather), sparse gradients are densified, and adaptive controllers agree
             through one small blocking allreduce at the start of each step.
 
-    After each step, ``optimizer.stats`` describes it (its keys: docs/architecture.md, "What a step
-    reports").
+    After each step, ``optimizer.stats`` describes it (docs/architecture.md, "What a step reports").
     """
     if is_gravac_compressor(compression):
         if compressor is not None:

@@ -15,7 +15,7 @@ dtype), then divides by the number of ranks.
 The row width is the dtype's header: Horovod compares every rank's shape (and dtype)
 before it moves a byte and fails the collective when they differ, so a rank never
 reads another rank's words as the wrong type; each reader also checks the width
-against its bucket's dtype (:func:`rows_dtype`), and ``comm.wait`` names the bucket
+against its bucket's dtype (:func:`rows_dtype`), and the backend's ``wait`` names the bucket
 when Horovod refuses a mismatch.
 
 Payloads whose indices are the same on every rank (Random-k with a shared seed)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build Horovod 0.28.1 with NCCL GPU operations against the torch of $PYTHON, on a CUDA machine
 # whose toolchain is newer than Horovod 0.28.1 (June 2023) knows.  Used by scripts/gpu_check.sh's
-# optimizer steps where Horovod is missing; docker/Dockerfile (CUDA 12.1, gcc 11, CMake 3.22)
-# needs none of this.
+# optimizer steps where Horovod is missing.  docker/Dockerfile does not use it: the image builds
+# Horovod with Debian 12's CUDA 11.8 nvcc and g++-11 against torch 2.5.1's CUDA 12.4 wheels, with
+# its own C++17 wrapper (docker/cxx17-wrapper.sh; docker/README.md, docs/docker.md).
 #
 #   bash scripts/build_horovod_gpu.sh [SOURCE]
 #

@@ -50,7 +50,8 @@ COMPRESSORS = {
 CONTROLLERS = {
     "dense": hg.Dense,
     "static": lambda: hg.StaticCF(4),
-    "gravac_ladder": lambda: hg.GraVAC(theta_min=2, theta_max=32, epsilon=0.3, window=2),
+    "gravac_ladder": lambda: hg.GraVAC(theta_min=2, theta_max=32, epsilon=0.3, window=2, variant="ladder"),
+    "gravac_predictive": lambda: hg.GraVAC(theta_min=2, theta_max=32, epsilon=0.3, window=8, variant="predictive"),
     "gravac_paper": lambda: hg.GraVAC(theta_min=2, theta_max=32, epsilon=0.3, window=2, variant="paper"),
     "gravac_delivered": lambda: hg.GraVAC(theta_min=2, theta_max=32, epsilon=0.3, window=2,
                                           variant="delivered", hold_windows=0),

@@ -262,16 +262,15 @@ int64_t hg_select(const float *x, int64_t n, float t, int strict, double density
             int64_t room = cap > c ? cap - c : 0;
             /* the store-every-step loop from 0.5 % expected survivors (1 % past 8M entries, out of
              * cache, where its stores cost memory traffic): the branch of the other loop is then
-             * mispredicted often enough to cost more, up to 2.4x at 1-3 % (the switch was at 2 %, so
-             * Top-k at CF 100-200 took the slow loop) */
+             * mispredicted often enough to cost more, up to 2.4x at 1-3 % (a switch at 2 % would send
+             * Top-k at CF 100-200 down the slow loop) */
             int dense = density > (n > ((int64_t)8 << 20) ? 0.01 : 0.005);
             c += select_avx512(x, n, head, tkey, strict, dense, idx + c, val + c, room, &start);
         }
     } else if (hg_simd_level(allow_simd) == 3) {
         /* the store-every-step loop from 1.2 % expected survivors up to 2M entries, 0.6 % up to 8M
          * and 2 % past that (out of cache): where the two loops cross on an Intel Xeon running these
-         * AVX2 loops (`select_loops --native avx2`, select_loops_avx2_cpu.txt); the switch at 4 %
-         * cost up to 1.5x at 1-3 %, where SIDCo gathers at CF 100.  Zen 1, which splits 256-bit
+         * AVX2 loops; a switch at 4 % cost up to 1.5x at 1-3 %, where SIDCo gathers at CF 100.  Zen 1, which splits 256-bit
          * operations in two, favoured the block loop up to ~5 % (the figures above select_avx2);
          * Zen 2 onwards does not split them. */
         int dense = density > (n > ((int64_t)8 << 20) ? 0.02 : n > ((int64_t)2 << 20) ? 0.006 : 0.012);
@@ -642,7 +641,7 @@ static int hg_has_avx512dq(void) {
  * operations on each lane: the truncation is a round toward zero, the casts are exact), and the
  * eight magnitudes gathered.  The scalar loop's double-to-integer conversions and its branch made
  * SIDCo's 8192-entry sample cost 29 us at 1M entries against 19 us this way, and 22 against 9 us
- * at 262K, measured with a fresh shift per call as in use (with one shift repeated, the scalar
+ * at 262K (measured with a fresh shift per call, as in use: with one shift repeated, the scalar
  * loop's reads stay in cache and it looks faster than it is).
  * Returns how many it did (a multiple of 8). */
 __attribute__((target("avx512f,avx512dq"))) HG_SAMPLE_NO_CONTRACT

@@ -14,7 +14,8 @@ from .delivered import DeliveredGraVAC, window_gain
 from .gravac import DEFAULT_EPSILON, DEFAULT_VARIANT, VARIANTS, GraVAC
 from .ladder import LadderGraVAC
 from .paper import PaperGraVAC
+from .predictive import PredictiveGraVAC
 
 __all__ = ["Controller", "Decision", "StepObservation", "Dense", "StaticCF", "GraVAC", "PaperGraVAC",
-           "LadderGraVAC", "DeliveredGraVAC", "Accordion", "DENSE", "HISTORY_MAXLEN", "VARIANTS",
+           "LadderGraVAC", "DeliveredGraVAC", "PredictiveGraVAC", "Accordion", "DENSE", "HISTORY_MAXLEN", "VARIANTS",
            "DEFAULT_VARIANT", "DEFAULT_EPSILON", "window_gain"]

@@ -78,6 +78,7 @@ class StepObservation:
     window_dot: Optional[float] = None      # <D, G>, D = sum of what was sent over the interval
     window_sent_sq: Optional[float] = None  # ||D||^2   (both: GraVAC variant "delivered")
     finite: bool = True          # False if any rank saw a NaN/Inf gradient
+    comm_time: float = 0.0       # seconds of the step spent waiting for communication (this rank)
 
 
 class Controller:
@@ -123,6 +124,11 @@ class Controller:
         """Set the decision for the next step (the benchmarks use it to pin a controller;
         ranks themselves agree through ``load_state_dict``, see ``consensus.py``)."""
         self.decision = decision
+
+    def interval_ends_at(self, step: int) -> bool:
+        """Whether an accumulation interval ends with step number ``step`` (1-based): every
+        ``accumulation_interval`` steps unless a subclass sets its own boundaries."""
+        return self.accumulation_interval is not None and step % self.accumulation_interval == 0
 
     def checks_at(self, step: int) -> bool:
         """Whether observing step number ``step`` (1-based, as ``self.step`` will count it)

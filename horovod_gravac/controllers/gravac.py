@@ -32,12 +32,17 @@ from .base import DENSE, Controller, Decision, StepObservation, bounded_history
 DEFAULT_VARIANT = "ladder"
 
 #: GraVAC's rule sets: Algorithm 1 as published, the ladder, the delivered gain.
-VARIANTS = ("paper", "ladder", "delivered")
+VARIANTS = ("paper", "ladder", "delivered", "predictive")
 
 #: epsilon when none is given.  "paper" and "ladder" compare the paper's per-step gain with it
 #: (0.7, the paper's default).  "delivered" compares another quantity, the share of a window's
 #: debt that error feedback delivered, which reads higher: it needs 0.9 to keep dense accuracy.
-DEFAULT_EPSILON = {"paper": 0.7, "ladder": 0.7, "delivered": 0.9}
+DEFAULT_EPSILON = {"paper": 0.7, "ladder": 0.7, "delivered": 0.9, "predictive": 0.9}
+
+
+#: The scaling policy when none is given.
+DEFAULT_POLICY = {"paper": "exponential", "ladder": "exponential", "delivered": "exponential",
+                  "predictive": "geometric"}
 
 
 def _check_int(value, name: str, low: int) -> int:
@@ -54,22 +59,25 @@ class GraVAC(Controller):
         theta_min: lowest CF, the first compression level (>= 1).
         theta_max: highest CF a candidate may reach (>= theta_min).
         epsilon: minimum smoothed gain for a CF to be sent, in (0, 1]; by default
-            ``DEFAULT_EPSILON[variant]``: 0.7, and 0.9 for ``"delivered"`` (its gain is another
-            quantity).
+            ``DEFAULT_EPSILON[variant]``: 0.7, and 0.9 for ``"delivered"`` and ``"predictive"``
+            (their gain is another quantity).
         omega: relative tolerance for "gains equal" (theta_min scale-up) and
             "throughput saturated" (stop rule), >= 0.
         window: steps per evaluation window (>= 1).
-        policy: "exponential" | "geometric" | a ScalingPolicy.
+        policy: "exponential" | "geometric" | a ScalingPolicy; None: the rule set's own
+            (``DEFAULT_POLICY``: exponential, as in the paper; geometric for "predictive",
+            whose one move may skip rungs, so finer rungs cost no climbing time).
         ewma_alpha: gain smoothing factor; None = the paper's N/100 for N ranks
             (set by the optimizer through ``set_world_size``).
         batch_size: per-rank samples per step, for T_sys in samples/s (else steps/s x N).
-        variant: the rule set, one of ``VARIANTS``: ``"ladder"`` (``DEFAULT_VARIANT``,
-            :class:`~.ladder.LadderGraVAC`), ``"paper"`` (Algorithm 1 as published,
-            :class:`~.paper.PaperGraVAC`) or ``"delivered"`` (:class:`~.delivered.DeliveredGraVAC`).
+        variant: the rule set, one of ``VARIANTS``: ``"ladder"`` (:class:`~.ladder.LadderGraVAC`),
+            ``"paper"`` (Algorithm 1 as published, :class:`~.paper.PaperGraVAC`), ``"delivered"``
+            (:class:`~.delivered.DeliveredGraVAC`) or ``"predictive"``
+            (:class:`~.predictive.PredictiveGraVAC`); ``DEFAULT_VARIANT`` names the default.
             None: ``DEFAULT_VARIANT`` for ``GraVAC(...)``, a rule set's own for its class.
         remeasure_windows: ``"ladder"``: a CF whose compression throughput is older than
             this many windows is sent again for a window before it is compared.
-            ``"delivered"``: windows before a CF that failed is tried again, doubled after
+            ``"delivered"`` (``"predictive"``: checks): windows before a CF that failed is tried again, doubled after
             each further failure of that CF, and reset when it passes.
         hold_windows: ``"delivered"``: windows a theta_min must pass, sent as theta_min,
             before the rung above it is tried (>= 0).
@@ -113,7 +121,7 @@ class GraVAC(Controller):
         return super().__new__(cls)
 
     def __init__(self, theta_min: float = 10.0, theta_max: float = 1000.0, epsilon: Optional[float] = None,
-                 omega: float = 0.01, window: int = 500, policy="exponential",
+                 omega: float = 0.01, window: int = 500, policy=None,
                  ewma_alpha: Optional[float] = None, batch_size: Optional[int] = None,
                  variant: Optional[str] = None, remeasure_windows: int = 4, hold_windows: int = 1,
                  split_rungs: bool = False):
@@ -151,7 +159,7 @@ class GraVAC(Controller):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         self.epsilon = float(epsilon)
         self.omega = float(omega)
-        self.policy = make_policy(policy)
+        self.policy = make_policy(DEFAULT_POLICY.get(variant, "exponential") if policy is None else policy)
         self.ewma_alpha = ewma_alpha
         self.batch_size = batch_size
         self.world_size = 1
@@ -222,6 +230,24 @@ class GraVAC(Controller):
     def _decide(self, obs: StepObservation, window_end: bool) -> None:
         """The rule set: set ``self.decision`` for the next step (and check at a window's end)."""
         raise NotImplementedError
+
+    # -- Algorithm 1's per-step choice ("paper" and "ladder") --------------------------
+    def _choose(self) -> Decision:
+        """Algorithm 1 lines 10-24: the candidate if its gain >= epsilon (and it pays, see
+        ``_candidate_pays``), else theta_min if its gain does, else dense."""
+        g_c, g_min = self.gain_candidate, self.gain_min
+        if g_c is not None and g_c >= self.epsilon and self._candidate_pays():
+            send = self.candidate_cf
+        elif g_min is not None and g_min >= self.epsilon:
+            send = self.theta_min
+        else:
+            send = DENSE
+        return Decision(send, self.theta_min, self.candidate_cf)
+
+    def _candidate_pays(self) -> bool:
+        """Whether a candidate that passes epsilon is worth sending: always, as published
+        (the ladder also asks its measured compression throughput)."""
+        return True
 
     # -- the policy's ladder -------------------------------------------------------
     def _rung_above(self, cf: float) -> float:

@@ -46,17 +46,6 @@ class LadderGraVAC(GraVAC, variant="ladder"):
             self.early_steps_down += 1
         self.decision = self._choose()
 
-    def _choose(self) -> Decision:
-        """Algorithm 1 lines 10-24, the candidate only when it also pays (``_candidate_pays``)."""
-        g_c, g_min = self.gain_candidate, self.gain_min
-        if g_c is not None and g_c >= self.epsilon and self._candidate_pays():
-            send = self.candidate_cf
-        elif g_min is not None and g_min >= self.epsilon:
-            send = self.theta_min
-        else:
-            send = DENSE
-        return Decision(send, self.theta_min, self.candidate_cf)
-
     def _fresh(self, cf: float) -> bool:
         age = self.throughput.age(cf)
         return age is not None and age < self.remeasure_windows

@@ -8,7 +8,7 @@ compression throughputs when they are within omega of each other.
 """
 from __future__ import annotations
 
-from .base import DENSE, Decision, StepObservation
+from .base import StepObservation
 from .gravac import GraVAC
 
 
@@ -20,17 +20,6 @@ class PaperGraVAC(GraVAC, variant="paper"):
         if window_end:
             self._check_window()
         self.decision = self._choose()
-
-    def _choose(self) -> Decision:
-        """Algorithm 1 lines 10-24: candidate if its gain >= epsilon, else theta_min, else dense."""
-        g_c, g_min = self.gain_candidate, self.gain_min
-        if g_c is not None and g_c >= self.epsilon:
-            send = self.candidate_cf
-        elif g_min is not None and g_min >= self.epsilon:
-            send = self.theta_min
-        else:
-            send = DENSE
-        return Decision(send, self.theta_min, self.candidate_cf)
 
     def _check_window(self) -> None:
         """CheckGraVAC, every ``window`` steps: theta_min scale-up, scaling policy, stop rule."""

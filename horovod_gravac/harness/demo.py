@@ -34,8 +34,8 @@ and the fraction of step time spent producing batches. Finally it checks the tar
 and says which GraVAC runs meet them.
 
 **ngram-pydoc-chars** (``--preset ngram-pydoc-chars``: next-character prediction on
-CPython's own pydoc text with a fastText-style model whose gradient is sparse; see
-``benchmarks/gravac_eps09.py``):
+CPython's own pydoc text with a fastText-style model whose gradient is sparse;
+``tests/integration/test_workload_eps09.py`` checks GraVAC at epsilon 0.9 on it):
 
 5. ``ngram-dense``          dense SGD, the reference;
 6. ``ngram-gravac-eps0.9``  GraVAC with the paper's settings (epsilon 0.9, theta 10..1000,

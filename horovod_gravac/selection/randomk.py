@@ -21,7 +21,8 @@ and on an accelerator they must be drawn there: a host generator's draws (NumPy'
 with an array of bounds costs 12-18 ns an index) uploaded every step are a synchronising copy
 that can take most of a GPU step.  The CPU computes the hash in C (NumPy without the native
 kernels) and an accelerator with about 30 integer kernels over k entries, no copy and no
-synchronisation (``benchmarks/randomk_draw.py``).  The hash's bias is at most
+synchronisation (measured 1.3-9.6x faster than a host PCG64 draw; on an H100, Random-k 10x
+costs 1.19x a dense step with it, 2.75x with the host draw).  The hash's bias is at most
 ``width / 2**31`` per position (5e-7 at CF 1000).
 """
 from __future__ import annotations

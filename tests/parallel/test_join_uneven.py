@@ -25,7 +25,8 @@ def controller(kind):
     return {"dense": hg.Dense(), "static": hg.StaticCF(4), "dgc": hg.StaticCF(4),
             "randomk": hg.StaticCF(4), "gravac": hg.GraVAC(theta_min=2, theta_max=16, window=2),
             "accordion": hg.Accordion(2, 16, 0.5, 2),
-            "delivered": hg.GraVAC(theta_min=2, theta_max=16, window=2, variant="delivered")}[kind]
+            "delivered": hg.GraVAC(theta_min=2, theta_max=16, window=2, variant="delivered"),
+            "predictive": hg.GraVAC(theta_min=2, theta_max=16, window=4, variant="predictive")}[kind]
 
 
 def compressor(kind):
@@ -63,7 +64,7 @@ def run(make_opt, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("kind", ["dense", "static", "dgc", "randomk", "gravac", "accordion", "delivered",
-                                  "dense-f64", "static-f64", "randomk-f64", "gravac-f64"])
+                                  "predictive", "dense-f64", "static-f64", "randomk-f64", "gravac-f64"])
 def test_join_with_uneven_data(kind):
     dtype = torch.float64 if kind.endswith("-f64") else torch.float32
     ours = run(lambda base, m: hg.DistributedOptimizer(base, m.named_parameters(), compressor=compressor(kind),
@@ -77,7 +78,7 @@ def test_join_with_uneven_data(kind):
             raise AssertionError(f"{kind}: rank {r} differs from rank 0 after join epochs")
     if not torch.isfinite(ours).all():
         raise AssertionError(f"{kind}: parameters not finite")
-    if kind == "delivered":   # the window sums arrived at every window's end, also across joins
+    if kind in ("delivered", "predictive"):   # the window sums arrived at every check, also across joins
         history = list(run.last_opt.controller.history)
         assert history and all(h["window_gain"] is not None for h in history), history
     if kind.startswith("dense"):

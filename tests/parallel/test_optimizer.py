@@ -475,6 +475,48 @@ def test_delivered_window_gain_is_cos2_of_the_window_sums():
     release(opt)
 
 
+def test_predictive_checks_at_its_own_boundaries_and_ranks_agree():
+    """GraVAC "predictive": intervals end where the controller says (a quarter window after a
+    move, a window after a stay), the window sums arrive at exactly those steps, every check
+    sees cos^2(D, G) of them, and the ranks (whose step and communication times differ) leave
+    every check with rank 0's state."""
+    window = 8
+    model = make_model(seed=5)
+    ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=window, variant="predictive")
+    opt = hg_opt(model, controller=ctrl)
+    params = dict(model.named_parameters())
+
+    def residual():
+        saved = opt.residuals()
+        return torch.cat([saved[n] if n in saved else torch.zeros(params[n].numel())
+                          for b in opt.bucket_layout for n in b.names])
+
+    G, ends = residual(), []
+    for step in range(5 * window):
+        x, y = batch(step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        G += _bucket_flat(opt, {n: p.grad.detach().clone() for n, p in params.items()})
+        ends_here = ctrl.interval_ends_at(ctrl.step + 1)
+        opt.step()
+        if ends_here:
+            D = G - residual()
+            local = torch.tensor([float(G.double() @ G.double()), float(D.double() @ G.double()),
+                                  float(D.double() @ D.double())], dtype=torch.float64)
+            g_sq, dot, d_sq = hvd.allreduce(local, op=hvd.Average, name=f"check.pwindow.{step}").tolist()
+            assert ctrl.history[-1]["window_gain"] == pytest.approx(max(0.0, dot) ** 2 / (g_sq * d_sq), rel=1e-5)
+            ends.append(step + 1)
+            G = residual()
+    assert ends[0] == window // 4, ends   # the first CF is judged after a quarter window
+    assert len(ends) >= 3 and all(b > a for a, b in zip(ends, ends[1:])), ends
+    assert all(h["interval_steps"] in (window // 4, window) for h in ctrl.history), list(ctrl.history)
+    states = hvd.allgather_object(ctrl.state_dict(), name="check.predictive.state")
+    assert all(s["decision"] == states[0]["decision"] and s["history"] == states[0]["history"]
+               for s in states), "controllers differ across ranks"
+    assert_identical_across_ranks(model, "predictive")
+    release(opt)
+
+
 def test_topk_send_zeros_false_sends_the_nonzeros_alone():
     """An embedding whose gradient has fewer nonzeros than Top-k 10x keeps (each rank touches a
     different number of rows): with ``send_zeros=False`` every rank sends its nonzeros alone,

@@ -1,0 +1,233 @@
+"""The predictive rule set (``GraVAC(variant="predictive")``): climb to the CF that makes the
+step as fast as it can get, in one move, as long as the gain measured so far predicts that CF
+passes epsilon.
+
+The gain is the delivered gain of ``delivered.py`` (cos^2 of what a window sent against what
+it owed, :func:`~.delivered.window_gain`), measured for the one CF a window sends.  The
+ladder and delivered rule sets try one rung per window; on a communication-bound job most of
+the run then goes by at CFs far below the one a hindsight choice would make.  Here each
+check predicts two things for every rung of the policy:
+
+* the step time, from a model fitted to the steps measured so far: the compute part of a
+  step (its period less the time spent waiting for communication, ``comm_time``) plus
+  ``latency + volume / CF`` (fitted over the CFs measured; one CF measured: latency 0);
+* the gain, from the loss ``1 - gain`` measured at the CF sent, taken to grow in proportion
+  to the CF (``1 - (1 - g) * cf / sent``).  Error feedback holds back about the last
+  ``cf`` steps' worth of the coordinates it has not sent yet, so the share of a window's
+  debt still undelivered at its end grows with the CF.
+
+The next CF is the lowest rung whose predicted step is within ``omega`` of the fastest
+predicted step among the rungs predicted to pass epsilon (and at most ``max_jump`` times the
+CF sent).  Compression throughput (samples/s x gain) is what the paper maximises; with the
+gain held above epsilon, the fastest step within omega is that choice without letting a
+noisy gain estimate trade accuracy for speed.  On a compute-bound job every rung is within
+omega of the fastest, so the first CF stays; on a communication-bound one the first move
+goes most of the way.
+
+A move is a trial: its check comes ``probe_steps`` steps later (a quarter window by
+default), so a CF that fails costs a short interval, and a CF that fails steps down to the
+highest rung below it not known to fail.  A failed CF is not tried again for
+``remeasure_windows`` windows, doubled after each further failure (as in ``delivered``).
+The first CF is judged after ``probe_steps`` too.  A check without a move comes a full
+``window`` later.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Dict, List, Optional, Tuple
+
+from .base import DENSE, Decision, StepObservation
+from .delivered import window_gain
+from .gravac import GraVAC
+
+
+def fit_comm_model(measured: Dict[float, float]) -> Tuple[float, float]:
+    """``(latency, volume)`` with ``comm(cf) = latency + volume / cf`` fitted by least squares to
+    ``measured`` (CF -> seconds of communication per step); both >= 0.  One CF: latency 0."""
+    points = [(1.0 / cf, t) for cf, t in measured.items() if cf > 0]
+    if not points:
+        return 0.0, 0.0
+    if len(points) == 1:
+        x, t = points[0]
+        return 0.0, max(t, 0.0) / x
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    mt = sum(t for _, t in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (t - mt) for x, t in points) / sxx if sxx > 0 else 0.0
+    slope = max(slope, 0.0)
+    latency = mt - slope * mx
+    if latency < 0.0:   # through the origin instead
+        slope, latency = sum(x * t for x, t in points) / sum(x * x for x, _ in points), 0.0
+    return latency, max(slope, 0.0)
+
+
+class PredictiveGraVAC(GraVAC, variant="predictive"):
+    """Readable state besides GraVAC's: ``delivered_gain`` (CF -> last window gain measured),
+    ``compute_time`` (the step's compute estimate, s), ``comm_time`` (CF -> median
+    communication wait per step measured at it, s), ``predicted_step`` (CF -> the step time
+    predicted at the last check, s)."""
+
+    needs_accumulation = True
+    tracks_delivery = True
+    needs_multilevel = False   # one CF per interval, sent as is: no second level to compress
+    #: The longest wait before a CF that keeps failing is tried again, in units of
+    #: ``remeasure_windows``.
+    RETRY_BACKOFF_MAX = 8
+
+    def _start_rule_set(self) -> None:
+        self.probe_steps = max(1, self.window // 4)
+        self.rungs: List[float] = self.policy.ladder(self.theta_min0, self.theta_max)
+        self.decision = Decision(self.theta_min0, self.theta_min0, self.theta_min0)
+        self.candidate_cf = self.theta_min0
+        self.delivered_gain: Dict[float, float] = {}
+        self.comm_time: Dict[float, float] = {}
+        self.compute_time: Optional[float] = None
+        self.predicted_step: Dict[float, float] = {}
+        self._next_check = self.probe_steps
+        self._interval_start = 0
+        self._checks = 0
+        self._retry_at: Dict[float, int] = {}   # CF -> first check it may be sent again
+        self._failures: Dict[float, int] = {}   # CF -> failed checks since it last passed
+        self._interval: List[Tuple[float, float]] = []   # (step time, comm time) since the last check
+
+    def set_world_size(self, n: int) -> None:
+        if max(1, int(n)) != self.world_size:   # times measured in another world predict nothing here
+            self.comm_time.clear()
+            self.compute_time = None
+            self.predicted_step = {}
+            self._interval = []
+        super().set_world_size(n)
+
+    # -- when -------------------------------------------------------------------------
+    def checks_at(self, step: int) -> bool:
+        return step == self._next_check
+
+    def interval_ends_at(self, step: int) -> bool:
+        return step == self._next_check
+
+    # -- per step ---------------------------------------------------------------------
+    def _record_throughput(self, sent: Decision, t_sys: float) -> Optional[float]:
+        self.throughput.record(sent.send_cf, t_sys, 1.0)
+        gain = self.delivered_gain.get(sent.send_cf, 1.0 if sent.send_cf == DENSE else None)
+        return None if gain is None else t_sys * gain
+
+    def observe(self, obs: StepObservation) -> Decision:
+        if obs.finite and obs.step_time > 0:
+            self._interval.append((obs.step_time, min(max(obs.comm_time, 0.0), obs.step_time)))
+        return super().observe(obs)
+
+    def _decide(self, obs: StepObservation, window_end: bool) -> None:
+        if self.step == self._next_check:
+            self._check(window_gain(obs))
+
+    # -- the model --------------------------------------------------------------------
+    def _measure(self, sent: float) -> None:
+        """Fold the interval's steps into the step-time model (the first step after a check
+        carries the change of CF and is left out when there are others)."""
+        steps = self._interval[1:] if len(self._interval) > 1 else self._interval
+        self._interval = []
+        if not steps:
+            return
+        self.compute_time = statistics.median(t - c for t, c in steps)
+        self.comm_time[sent] = statistics.median(c for _, c in steps)
+
+    def predict_step(self, cf: float) -> Optional[float]:
+        """Predicted seconds per step at ``cf`` (None before anything was measured)."""
+        sparse = {c: t for c, t in self.comm_time.items() if c != DENSE}
+        if self.compute_time is None or not sparse:
+            return None
+        latency, volume = fit_comm_model(sparse)
+        return self.compute_time + latency + volume / cf
+
+    def _blocked(self, cf: float) -> bool:
+        return self._checks < self._retry_at.get(cf, 0)
+
+    def _choose(self, sent: float, gain: float) -> float:
+        """The lowest rung within omega of the fastest predicted step among the rungs predicted
+        to pass epsilon, at most ``max_jump`` above ``sent``, below any rung waiting after a
+        failure."""
+        loss = max(1.0 - gain, 0.0)
+        admissible = []
+        for cf in self.rungs:
+            if cf > sent * (1 + 1e-9):
+                if self._blocked(cf) or cf > sent * self.MAX_JUMP * (1 + 1e-9) \
+                        or 1.0 - loss * cf / sent < self.epsilon:
+                    break
+            admissible.append(cf)
+        times = {cf: self.predict_step(cf) for cf in admissible}
+        if any(t is None for t in times.values()):
+            return sent
+        self.predicted_step = dict(times)
+        fastest = min(times.values())
+        return next(cf for cf in admissible if times[cf] <= fastest * (1 + self.omega))
+
+    #: The largest factor one move may climb (an exponential ladder's 10 -> 160).
+    MAX_JUMP = 16.0
+
+    def _failed(self, cf: float) -> None:
+        n = self._failures.get(cf, 0) + 1
+        self._failures[cf] = n
+        self._retry_at[cf] = self._checks + 1 + self.remeasure_windows * min(2 ** (n - 1), self.RETRY_BACKOFF_MAX)
+
+    def judged_gain(self, gain: float, steps: int) -> float:
+        """``gain`` measured over an interval of ``steps`` steps, read as over a full window:
+        what error feedback still holds at an interval's end is about the same whatever its
+        length, while what the interval owed grows with it, so the loss of a short interval
+        is scaled by ``steps / window``."""
+        return 1.0 - (1.0 - gain) * min(1.0, steps / self.window)
+
+    def _check(self, gain: Optional[float]) -> None:
+        sent = self.decision.send_cf
+        self._checks += 1
+        steps, self._interval_start = self.step - self._interval_start, self.step
+        measured = gain
+        if gain is not None:
+            gain = self.judged_gain(gain, steps)
+        self._measure(sent)
+        self.throughput.close_window({sent: gain} if gain is not None else {})
+        move, send = "stay", sent
+        if gain is None:
+            pass   # a non-finite step ended the interval: the same CF again
+        elif sent == DENSE:
+            if not self._blocked(self.theta_min0):
+                send, move = self.theta_min0, "retry"
+        elif gain < self.epsilon:
+            self.delivered_gain[sent] = gain
+            self._failed(sent)
+            below = [cf for cf in self.rungs if cf < sent and not self._blocked(cf)]
+            send, move = (below[-1], "down") if below else (DENSE, "dense")
+        else:
+            self.delivered_gain[sent] = gain
+            self._failures.pop(sent, None)
+            send = self._choose(sent, gain)
+            move = "up" if send > sent else "down" if send < sent else "stay"
+        self._next_check = self.step + (self.window if move == "stay" else self.probe_steps)
+        self.theta_min = self.candidate_cf = send if send != DENSE else self.theta_min0
+        self.decision = Decision(send, send, send) if send != DENSE else Decision(DENSE, self.theta_min0,
+                                                                                  self.theta_min0)
+        self._record_check(sent, self.gain_min, self.gain_candidate, move=move, window_gain=measured,
+                           judged_gain=gain, interval_steps=steps,
+                           compute_time=self.compute_time, predicted_step=dict(self.predicted_step))
+
+    # -- checkpointing ----------------------------------------------------------------
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state.update({"delivered_gain": dict(self.delivered_gain), "comm_time": dict(self.comm_time),
+                      "compute_time": self.compute_time, "predicted_step": dict(self.predicted_step),
+                      "next_check": self._next_check, "interval_start": self._interval_start, "checks": self._checks,
+                      "retry_at": dict(self._retry_at), "failures": dict(self._failures),
+                      "interval": list(self._interval)})
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.delivered_gain = {float(k): v for k, v in state["delivered_gain"].items()}
+        self.comm_time = {float(k): v for k, v in state["comm_time"].items()}
+        self.compute_time = state["compute_time"]
+        self.predicted_step = {float(k): v for k, v in state["predicted_step"].items()}
+        self._next_check, self._checks = int(state["next_check"]), int(state["checks"])
+        self._interval_start = int(state["interval_start"])
+        self._retry_at = {float(k): int(v) for k, v in state["retry_at"].items()}
+        self._failures = {float(k): int(v) for k, v in state["failures"].items()}
+        self._interval = [tuple(x) for x in state["interval"]]

@@ -1,0 +1,125 @@
+"""GraVAC's predictive rule set (``controllers/predictive.py``), driven by scripted steps:
+a compute time, a communication time per CF and a delivered gain per CF."""
+import math
+import pickle
+
+import pytest
+
+from horovod_gravac.controllers import DENSE, GraVAC, PredictiveGraVAC, StepObservation
+from horovod_gravac.controllers.predictive import fit_comm_model
+
+
+def step(gain, step_time, comm_time, at_check):
+    """One observation; at a check, window sums whose cos^2(D, G) is ``gain``."""
+    sums = dict(accumulated_sq=1.0, window_sent_sq=1.0, window_dot=math.sqrt(gain)) if at_check else {}
+    return StepObservation(ef_sq=1.0, min_sq=0.9, candidate_sq=0.9, step_time=step_time, samples=2.0,
+                           comm_time=comm_time, **sums)
+
+
+def drive(ctrl, steps, gain_of, comm_of, compute=0.025):
+    """Run ``steps`` steps; returns the CF sent in each."""
+    sent = []
+    for _ in range(steps):
+        cf = ctrl.decision.send_cf
+        sent.append(cf)
+        comm = comm_of(cf)
+        at_check = ctrl.interval_ends_at(ctrl.step + 1)
+        ctrl.observe(step(gain_of(cf), compute + comm, comm, at_check))
+    return sent
+
+
+def test_fit_comm_model_recovers_latency_and_volume():
+    assert fit_comm_model({10.0: 0.1}) == (0.0, pytest.approx(1.0))
+    lat, vol = fit_comm_model({10.0: 0.005 + 1.0 / 10, 40.0: 0.005 + 1.0 / 40, 160.0: 0.005 + 1.0 / 160})
+    assert lat == pytest.approx(0.005) and vol == pytest.approx(1.0)
+    lat, vol = fit_comm_model({10.0: 0.1, 20.0: 0.04})   # would need a negative latency: through 0
+    assert lat == 0.0 and vol > 0
+
+
+def test_variant_builds_the_rule_set_with_its_own_epsilon():
+    ctrl = GraVAC(variant="predictive", window=100)
+    assert isinstance(ctrl, PredictiveGraVAC) and ctrl.epsilon == 0.9
+    assert ctrl.config()["variant"] == "predictive" and ctrl.config()["type"] == "GraVAC"
+    assert not ctrl.needs_multilevel and ctrl.tracks_delivery and ctrl.needs_accumulation
+    assert ctrl.decision.send_cf == 10.0   # the first CF is sent from the first step
+
+
+def test_the_default_ladder_is_geometric():
+    assert GraVAC(variant="predictive").rungs == [10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1000.0]
+    assert GraVAC(variant="predictive", policy="exponential").rungs == [10.0, 20.0, 40.0, 160.0, 1000.0]
+
+
+def test_communication_bound_climbs_in_one_move_as_far_as_the_gain_allows():
+    ctrl = GraVAC(variant="predictive", window=100, policy="exponential")
+    # comm 1 s x 10 / CF; the loss of a full window grows with the CF: 1 - gain = 0.002 x CF.
+    # A quarter-window interval reads four times the loss (judged_gain scales it back).
+    full = lambda cf: 1 - 0.002 * cf                      # noqa: E731
+    quarter = lambda cf: 1 - 4 * 0.002 * cf               # noqa: E731
+    sent = drive(ctrl, 25, quarter, lambda cf: 1.0 / cf)
+    assert set(sent) == {10.0}
+    # At 10x the loss 0.02 predicts 40x at 0.92 and 160x at 0.68: 40x, the first check's move
+    # (the step is fastest at the highest rung allowed).
+    assert ctrl.history[-1]["judged_gain"] == pytest.approx(full(10))
+    assert ctrl.decision.send_cf == 40.0 and ctrl.history[-1]["move"] == "up"
+    sent = drive(ctrl, 25, quarter, lambda cf: 1.0 / cf)
+    assert set(sent) == {40.0}   # passed (0.92): a full window at it
+    assert ctrl.decision.send_cf == 40.0
+    assert ctrl.interval_ends_at(ctrl.step + 100) and not ctrl.interval_ends_at(ctrl.step + 25)
+
+
+def test_a_failed_trial_steps_down_after_a_short_interval_and_waits_before_a_retry():
+    ctrl = GraVAC(variant="predictive", window=100, remeasure_windows=2, policy="exponential")
+    gains = {10.0: 0.98, 20.0: 0.99, 40.0: 0.97, 160.0: 0.5, 1000.0: 0.1}
+    drive(ctrl, 25, gains.get, lambda cf: 1.0 / cf)
+    assert ctrl.decision.send_cf == 160.0   # predicted from 10x's loss: 1 - 0.005 x 16 = 0.92
+    drive(ctrl, 25, gains.get, lambda cf: 1.0 / cf)
+    assert ctrl.decision.send_cf == 40.0 and ctrl.history[-1]["move"] == "down"
+    assert ctrl.delivered_gain[160.0] == pytest.approx(1 - 0.5 * 25 / 100)   # a quarter window, judged as a whole one
+    # 40x passes, but 160x waits out its backoff: 40x is held, then tried again later.
+    sent = drive(ctrl, 25 + 100 * 3, gains.get, lambda cf: 1.0 / cf)
+    assert 160.0 not in sent[:25 + 100]
+    assert ctrl.decision.send_cf in (40.0, 160.0)
+
+
+def test_compute_bound_stays_at_the_first_cf():
+    ctrl = GraVAC(variant="predictive", window=100)
+    sent = drive(ctrl, 400, lambda cf: 0.99, lambda cf: 0.00001 * 10 / cf, compute=0.1)
+    assert set(sent) == {10.0}
+
+
+def test_theta_min_failing_sends_dense_then_retries():
+    ctrl = GraVAC(variant="predictive", window=100, remeasure_windows=1)
+    sent = drive(ctrl, 25, lambda cf: 0.5 if cf != DENSE else 1.0, lambda cf: 1.0 / cf)
+    assert ctrl.decision.send_cf == DENSE and ctrl.history[-1]["move"] == "dense"
+    sent = drive(ctrl, 400, lambda cf: 0.5 if cf != DENSE else 1.0, lambda cf: 1.0 / cf)
+    assert DENSE in sent and 10.0 in sent   # retried after its backoff
+
+
+def test_non_finite_interval_keeps_the_cf():
+    ctrl = GraVAC(variant="predictive", window=100)
+    for _ in range(24):
+        ctrl.observe(step(0.99, 0.125, 0.1, False))
+    ctrl.observe(StepObservation(1.0, 1.0, 1.0, 0.125, comm_time=0.1, finite=False))
+    assert ctrl.decision.send_cf == 10.0 and ctrl.history[-1]["move"] == "stay"
+
+
+def test_state_round_trips_and_a_restored_controller_decides_alike():
+    a = GraVAC(variant="predictive", window=100)
+    drive(a, 60, lambda cf: 1 - 0.0005 * cf, lambda cf: 1.0 / cf)
+    b = GraVAC(variant="predictive", window=100)
+    b.load_state_dict(pickle.loads(pickle.dumps(a.state_dict())))
+    assert b.state_dict() == a.state_dict()
+    sa = drive(a, 300, lambda cf: 1 - 0.0005 * cf, lambda cf: 1.0 / cf)
+    sb = drive(b, 300, lambda cf: 1 - 0.0005 * cf, lambda cf: 1.0 / cf)
+    assert sa == sb and a.decision == b.decision
+
+
+def test_a_new_world_forgets_the_step_time_model():
+    ctrl = GraVAC(variant="predictive", window=100)
+    ctrl.set_world_size(2)
+    drive(ctrl, 25, lambda cf: 0.99, lambda cf: 1.0 / cf)
+    assert ctrl.comm_time and ctrl.compute_time is not None
+    ctrl.set_world_size(2)   # the same world: kept
+    assert ctrl.comm_time
+    ctrl.set_world_size(3)
+    assert not ctrl.comm_time and ctrl.compute_time is None and ctrl.predict_step(10.0) is None
