@@ -478,6 +478,85 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
 
 
 # --------------------------------------------------------------------------- main
+def collect(out: str, workloads: Sequence[str], rates: Sequence[str], only: Optional[set], args):
+    """The rows (:func:`analyse`), same-payload rows, communication shares and runs of the
+    benchmark run under ``out``."""
+    def rd(*parts):
+        return os.path.join(out, "runs", *parts)
+
+    def path_rounds(w, rate, name):
+        found = []
+        for round_ in itertools.count():
+            r = load_run(rd(w, rate, path_dir_name(name, round_)))
+            if r is None:
+                break
+            found.append(r)
+        return found
+
+    rows, path_rows, shares, all_runs = [], [], {}, {}
+    for w in workloads:
+        for rate in rates:
+            rounds = {n: path_rounds(w, rate, n) for n in PATHS}
+            timings = {}
+            if rounds["static"]:   # Top-k 10x: its same-payload runs, the median over their rounds
+                timings["topk-cf10"] = statistics.median(median_step(r) for r in rounds["static"])
+            for name in TIMED_CFS:
+                if name == "topk-cf10":
+                    continue   # timed by its same-payload runs, above
+                r = load_run(rd(w, rate, f"__timing__{name}"))
+                if r:
+                    timings[name] = median_step(r)
+            row = path_row(w, rate, rounds)
+            if row is not None:
+                path_rows.append(row)
+                shares[(w, rate)] = statistics.median(comm_share(r) for r in rounds["static"])
+            runs = {}
+            for name, (kind, _) in CONFIGS.items():
+                r = load_run(rd(w, "full", name) if kind == "fixed" else rd(w, rate, name))
+                if r is not None and (kind == "fixed" or name in adaptive_at(w, rate) or (only and name in only)):
+                    runs[name] = r
+            if runs:
+                all_runs[(w, rate)] = runs
+                # Fixed configurations are timed by the short runs at this rate when every CF has
+                # one (the full runs' own times, taken while other runs shared the machine, are
+                # not comparable with the adaptive runs'), else by their own steps.
+                timed = len(timings) == len(TIMED_CFS)
+                rows.extend(analyse(w, rate, runs, timings if timed or rate != rates[0] else None, args))
+    return rows, path_rows, shares, all_runs
+
+
+def over_seeds(per_seed: List[List[dict]]) -> List[dict]:
+    """Per workload, rate and configuration, over the seeds (each a list of :func:`analyse`
+    rows): how many seeds reached the target, the median TTA (None unless every seed
+    reached it) and its range, the median final and target, and the ratios of the medians
+    (the best static CF in hindsight is the static one with the lowest median TTA)."""
+    cells: Dict[Tuple[str, str, str], List[dict]] = {}
+    for rows in per_seed:
+        for r in rows:
+            cells.setdefault((r["workload"], r["rate"], r["config"]), []).append(r)
+    out = []
+    for (w, rate, name), sel in cells.items():
+        ttas = [r["tta_s"] for r in sel if r["tta_s"] is not None]
+        out.append({"workload": w, "rate": rate, "config": name, "seeds": len(sel), "reached": len(ttas),
+                    "tta_s": statistics.median(ttas) if len(ttas) == len(sel) else None,
+                    "tta_min": min(ttas) if ttas else None, "tta_max": max(ttas) if ttas else None,
+                    "final": statistics.median(r["final"] for r in sel),
+                    "target": statistics.median(r["target"] for r in sel),
+                    "floats_vs_dense": statistics.median(r["floats_vs_dense"] for r in sel
+                                                         if r["floats_vs_dense"] is not None)
+                    if any(r["floats_vs_dense"] is not None for r in sel) else None})
+    for w, rate in {(r["workload"], r["rate"]) for r in out}:
+        by = {r["config"]: r for r in out if (r["workload"], r["rate"]) == (w, rate)}
+        statics = [by[c] for c in ("topk-cf10", "topk-cf100", "topk-cf1000") if c in by and by[c]["tta_s"]]
+        best = min(statics, key=lambda r: r["tta_s"]) if statics else None
+        for r in by.values():
+            for ref, key in (("topk-cf10", "speedup_vs_topk10"), ("accordion-topk", "speedup_vs_accordion")):
+                r[key] = by[ref]["tta_s"] / r["tta_s"] if ref in by and by[ref]["tta_s"] and r["tta_s"] else None
+            r["best_static"] = best["config"] if best else None
+            r["vs_best_static"] = best["tta_s"] / r["tta_s"] if best and r["tta_s"] else None
+    return sorted(out, key=lambda r: (r["workload"], r["rate"], r["config"]))
+
+
 def provenance(only: Optional[set], rates: Sequence[str], paths: bool, seed: Optional[int] = None) -> str:
     """How the report's runs were made, for its header."""
     seeded = f" Seed {seed}." if seed is not None else ""
@@ -517,6 +596,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="with --only: also the same-payload runs (Top-k 10x on the static, Accordion and GraVAC paths)")
     p.add_argument("--seed", type=int, help="every run's seed (model init, data order; the harness's default: 42); "
                                             "use a separate --out per seed")
+    p.add_argument("--seed-outs", default="",
+                   help="comma-separated --out directories of runs of this benchmark with other --seed values: "
+                        "the report adds the median and range over them and this one")
     p.add_argument("--judge", default=DEFAULT_GRAVAC,
                    help="the GraVAC configuration the goals are judged for")
     args = p.parse_args(argv)
@@ -547,16 +629,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 run(w, flags, rd(w, rate, path_dir_name(name, round_)), rate, args.np, TIMING_STEPS, 10 ** 6,
                     args.timeout, args.seed)
 
-    def path_rounds(w, rate, name):
-        found = []
-        for round_ in itertools.count():
-            r = load_run(rd(w, rate, path_dir_name(name, round_)))
-            if r is None:
-                break
-            found.append(r)
-        return found
-
     only = set(args.only.split(",")) if args.only else None
+    seed_outs = [d for d in args.seed_outs.split(",") if d]
+    for d in seed_outs:
+        if not os.path.isdir(os.path.join(d, "runs")):
+            p.error(f"--seed-outs: {d} has no runs/ directory")
     if only and not only <= set(CONFIGS):
         p.error(f"unknown configuration in --only: {sorted(only - set(CONFIGS))}")
     if not args.report_only:
@@ -585,39 +662,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                              sorted(n for n in only if CONFIGS[n][0] == "adaptive")):
                     run(w, CONFIGS[name][1], rd(w, rate, name), rate, args.np, steps, every, args.timeout, args.seed)
 
-    rows, path_rows, shares, all_runs = [], [], {}, {}
-    for w in workloads:
-        for rate in rates:
-            rounds = {n: path_rounds(w, rate, n) for n in PATHS}
-            timings = {}
-            if rounds["static"]:   # Top-k 10x: its same-payload runs, the median over their rounds
-                timings["topk-cf10"] = statistics.median(median_step(r) for r in rounds["static"])
-            for name in TIMED_CFS:
-                if name == "topk-cf10":
-                    continue   # timed by its same-payload runs, above
-                r = load_run(rd(w, rate, f"__timing__{name}"))
-                if r:
-                    timings[name] = median_step(r)
-            row = path_row(w, rate, rounds)
-            if row is not None:
-                path_rows.append(row)
-                shares[(w, rate)] = statistics.median(comm_share(r) for r in rounds["static"])
-            runs = {}
-            for name, (kind, _) in CONFIGS.items():
-                r = load_run(rd(w, "full", name) if kind == "fixed" else rd(w, rate, name))
-                if r is not None and (kind == "fixed" or name in adaptive_at(w, rate) or (only and name in only)):
-                    runs[name] = r
-            if runs:
-                all_runs[(w, rate)] = runs
-                # Fixed configurations are timed by the short runs at this rate when every CF has
-                # one (the full runs' own times, taken while other runs shared the machine, are
-                # not comparable with the adaptive runs'), else by their own steps.
-                timed = len(timings) == len(TIMED_CFS)
-                rows.extend(analyse(w, rate, runs, timings if timed or rate != rates[0] else None, args))
-
+    rows, path_rows, shares, all_runs = collect(args.out, workloads, rates, only, args)
+    seed_rows = over_seeds([rows] + [collect(d, workloads, rates, only, args)[0] for d in seed_outs])
     write_csv(rows, os.path.join(args.out, "results.csv"))
     write_csv(path_rows, os.path.join(args.out, "paths.csv"))
-    checks = goals(rows, path_rows, shares, args.judge)
+    if seed_outs:
+        write_csv(seed_rows, os.path.join(args.out, "seeds.csv"))
+    # The goals hold over every seed on disk: a run that reaches the target on one seed only
+    # does not count as reaching it.
+    checks = goals(seed_rows if seed_outs else rows, path_rows, shares, args.judge)
     write_csv(checks, os.path.join(args.out, "goals.csv"))
     md = ["# Adaptivity benchmark", "",
           f"{args.np} ranks, emulated links {', '.join(rates)}; written by `python -m benchmarks.adaptivity`.",
@@ -644,13 +697,25 @@ def main(argv: Optional[List[str]] = None) -> int:
                   fmt(r["floats_vs_dense"], ".4f"), fmt(r["median_cf"], "g"), fmt(r["dense_steps_pct"], ".0f"),
                   fmt(r["step_ms"], ".0f")] for r in sorted(sel, key=lambda r: r["config"])]))
             md.append("")
+    if seed_outs:
+        md += [f"## Over seeds (this run and {len(seed_outs)} more)", "",
+               "TTA: the median over the seeds when every seed reached the target ('-' otherwise), and "
+               "the range over those that did; final: the median.  Ratios are of the medians.", ""]
+        md.append(md_table(
+            ["workload", "rate", "config", "seeds reaching", "TTA s (median)", "TTA range s", "final (median)",
+             "vs Top-k 10x", "vs Accordion", "vs best static", "floats vs dense"],
+            [[r["workload"], r["rate"], r["config"], f"{r['reached']}/{r['seeds']}", fmt(r["tta_s"], ".1f"),
+              f"{fmt(r['tta_min'], '.1f')}-{fmt(r['tta_max'], '.1f')}" if r["tta_min"] is not None else "-",
+              fmt(r["final"]), fmt(r["speedup_vs_topk10"]), fmt(r["speedup_vs_accordion"]),
+              fmt(r["vs_best_static"]), fmt(r["floats_vs_dense"], ".4f")] for r in seed_rows]))
+        md.append("")
     md += ["## Same payload, three paths (Top-k 10x, median step period in ms)", "",
            md_table(["workload", "rate", "static", "Accordion pinned", "GraVAC pinned", "spread",
                      "comm wait: static / Accordion / GraVAC"],
                     [[p["workload"], p["rate"], fmt(p["static_ms"], ".0f"), fmt(p["accordion-pinned_ms"], ".0f"),
                       fmt(p["gravac-pinned_ms"], ".0f"), f"{100 * p['spread']:.0f} %",
                       " / ".join(fmt(p[f"{n}_comm_ms"], ".0f") for n in PATHS)] for p in path_rows]), "",
-           f"## Goals, for `{args.judge}`", "",
+           f"## Goals, for `{args.judge}`" + (" (over the seeds)" if seed_outs else ""), "",
            md_table(["goal", "workload", "rate", "measured", "result"],
                     [[c["goal"], c["workload"], c["rate"], c["measured"], "PASS" if c["pass"] else "FAIL"]
                      for c in checks]), ""]

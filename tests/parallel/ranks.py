@@ -7,7 +7,7 @@ import torch
 
 import horovod.torch as hvd
 import horovod_gravac as hg
-from horovod_gravac.controllers import DEFAULT_VARIANT, DeliveredGraVAC, LadderGraVAC, PaperGraVAC
+from horovod_gravac.controllers import DEFAULT_VARIANT, DeliveredGraVAC, LadderGraVAC, PaperGraVAC, PredictiveGraVAC
 
 hvd.init()
 torch.set_num_threads(1)
@@ -64,17 +64,21 @@ def release(opt):
 
 
 class _ConstantStepTime:
+    # Step time 1 s, of which 0.5 s / CF waits for communication ("predictive" fits its
+    # step-time model to that wait): both a function of the CF sent alone.
     def observe(self, obs):
-        return super().observe(dataclasses.replace(obs, step_time=1.0))
+        return super().observe(dataclasses.replace(obs, step_time=1.0,
+                                                   comm_time=0.5 / self.decision.send_cf))
 
 
 _STEP_TIMED = {cls.variant: type(f"StepTimed{cls.__name__}", (_ConstantStepTime, cls), {})
-               for cls in (PaperGraVAC, LadderGraVAC, DeliveredGraVAC)}
+               for cls in (PaperGraVAC, LadderGraVAC, DeliveredGraVAC, PredictiveGraVAC)}
 
 
 def StepTimedGraVAC(variant=DEFAULT_VARIANT, **kwargs):
-    """GraVAC (the rule set ``variant`` names) fed a constant step time (1 s): throughput is
-    then N * gain, so every decision depends on gradients only and a resumed run can be
-    compared bit for bit with an uninterrupted one.  (Real GraVAC measures step times,
-    which differ between any two runs.)"""
+    """GraVAC (the rule set ``variant`` names) fed a constant step time (1 s) and a
+    communication wait that depends on the CF sent alone (0.5 s / CF): throughput is then
+    N * gain, and "predictive"'s step-time model a function of the CFs sent, so every
+    decision depends on gradients only and a resumed run can be compared bit for bit with
+    an uninterrupted one.  (Real GraVAC measures step times, which differ between any two runs.)"""
     return _STEP_TIMED[variant](variant=variant, **kwargs)

@@ -42,7 +42,7 @@ CONTROLLERS = {
     "gravac_delivered": lambda: hg.GraVAC(theta_min=2, theta_max=16, epsilon=0.3, window=2,
                                           variant="delivered", hold_windows=0),
     "gravac_split": lambda: hg.GraVAC(theta_min=2, theta_max=16, epsilon=0.3, window=2, split_rungs=True,
-                                      policy="geometric"),
+                                      policy="geometric", variant="ladder"),   # split rungs: the ladder's
     "accordion": lambda: hg.Accordion(low_cf=2, high_cf=8, threshold=0.3, interval=2),
 }
 SPIKE, SPIKE_STEP, LR = 1e39, 2, 0.05

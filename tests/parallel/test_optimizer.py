@@ -336,7 +336,8 @@ def test_a_rank_whose_arithmetic_differs_is_named_and_put_back_on_rank_zeros_sta
     from horovod_gravac.controllers import Decision
     window = 3
     model = make_model(seed=6)
-    ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.01, window=window)
+    # The ladder: rank 1 is made to diverge through its _choose() (no argument, between checks).
+    ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.01, window=window, variant="ladder")
     opt = hg_opt(model, controller=ctrl)
     if RANK == 1:
         ctrl._choose = lambda: Decision(ctrl.theta_min, ctrl.theta_min, ctrl.candidate_cf)
@@ -361,7 +362,9 @@ def test_carried_stats_are_complete_averages():
     collective is then held until every other bucket is compressed), on the dense
     first step (allreduce path) and on sparse steps (allgather path)."""
     model = HeadRegisteredFirst()
-    opt = hg_opt(model, controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3))
+    # The ladder: its dense first step gives the allreduce path, then two-level sparse steps.
+    opt = hg_opt(model, controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=3,
+                                             variant="ladder"))
     layout = opt.bucket_layout
     carrier = layout[-1]   # (the last bucket carries the statistics)
     assert len(layout) >= 3 and set(carrier.names) == {"head.weight", "head.bias"}, [b.names for b in layout]

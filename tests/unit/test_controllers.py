@@ -233,14 +233,16 @@ def test_ladder_keeps_the_highest_cf_that_passes():
     assert ctrl.throughput.statistic == "median"
 
 
-def test_gravac_defaults_to_the_ladder_and_keeps_algorithm_1_as_paper():
-    """GraVAC() is the ladder (DEFAULT_VARIANT): on the issue's trace it ends sending the highest
-    CF that passes epsilon, where variant="paper" (Algorithm 1 as published) sends theta_min."""
-    from horovod_gravac.controllers import DEFAULT_VARIANT
+def test_gravac_defaults_to_predictive_and_keeps_algorithm_1_as_paper():
+    """GraVAC() is the predictive rule set (DEFAULT_VARIANT, epsilon 0.95 on the delivered gain,
+    a geometric ladder).  The ladder, on the issue's trace, ends sending the highest CF that
+    passes epsilon, where variant="paper" (Algorithm 1 as published) sends theta_min."""
+    from horovod_gravac.controllers import DEFAULT_VARIANT, PredictiveGraVAC
     from horovod_gravac.harness import train as T
-    assert DEFAULT_VARIANT == "ladder" and GraVAC().variant == "ladder" and GraVAC().epsilon == 0.7
+    assert DEFAULT_VARIANT == "predictive" and isinstance(GraVAC(), PredictiveGraVAC)
+    assert GraVAC().epsilon == 0.95 and GraVAC().config()["policy"] == "Geometric(ratio=2)"
     assert T.resolve_args(["--out", "x"]).variant == DEFAULT_VARIANT   # the harness follows it
-    default = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0)
+    default = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0, variant="ladder")
     paper = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0, variant="paper")
     assert default.config() != paper.config()   # a checkpoint of one is refused by the other
     sent = drive(default, 200, lambda cf: ISSUE_TRACE_GAINS[cf], comm_bound)
@@ -389,7 +391,7 @@ def test_ladder_split_rungs_finds_the_cf_between_two_rungs():
     """20x fails: the next window measures 14.1x (the geometric mean of 10 and 20), which passes,
     is sent a window (its throughput) and taken; 16.8x (between 14.1 and 20) is under
     SPLIT_MIN_RATIO of theta_min and is not tried.  Without the split the ladder sends 10x to the end."""
-    split = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0, split_rungs=True)
+    split = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0, split_rungs=True, variant="ladder")
     plain = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0)
     assert plain.split_rungs is False and split.config()["split_rungs"] is True
     sent = drive(split, 200, cnn1d_gain, link_bound)
@@ -406,12 +408,12 @@ def test_ladder_split_rungs_goes_back_to_the_rung_and_follows_gains_that_rise():
     state (counts included) survives a checkpoint."""
     state = {"shift": -0.2}
     gain = lambda cf: cnn1d_gain(cf) + (0.1 if cf == 10 else state["shift"])
-    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, split_rungs=True)
+    ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, split_rungs=True, variant="ladder")
     sent = drive(ctrl, 60, gain, link_bound)
     assert candidates_per_window(ctrl) == [20, 14.1, 20, 14.1, 20, 14.1] and set(sent[1:]) == {10}
     assert [h["move"] for h in ctrl.history][:2] == ["split", "rung"] and ctrl.splits == 3
     state["shift"] = 0.3                # later in training every CF up to ~63x passes
-    resumed = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, split_rungs=True)
+    resumed = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=10, ewma_alpha=1.0, split_rungs=True, variant="ladder")
     resumed.load_state_dict(ctrl.state_dict())
     assert resumed.splits == 3
     runs = [drive(c, 300, gain, link_bound) for c in (ctrl, resumed)]
@@ -437,7 +439,7 @@ def test_checkpoints_before_split_rungs_compare_as_split_rungs_off():
     meta = lambda cfg: checkpoint.describe(cfg, "TopK(10)", 2, 0, [("w", (3,), "torch.float32")])
     checkpoint.check_compatible(meta(old), meta(GraVAC(split_rungs=False).config()))
     with pytest.raises(checkpoint.CheckpointError, match="split_rungs=True"):
-        checkpoint.check_compatible(meta(old), meta(GraVAC(split_rungs=True).config()))
+        checkpoint.check_compatible(meta(old), meta(GraVAC(split_rungs=True, variant="ladder").config()))
 
 
 # -- the "delivered" variant -----------------------------------------------------------
@@ -561,7 +563,7 @@ def test_delivered_starts_compressed_and_a_non_finite_window_end_changes_nothing
     ctrl = delivered()
     assert ctrl.decision.send_cf == 10 and ctrl.needs_accumulation and ctrl.tracks_delivery
     assert ctrl.accumulation_interval == 10
-    assert not GraVAC().tracks_delivery and GraVAC().accumulation_interval is None
+    assert not GraVAC(variant="ladder").tracks_delivery and GraVAC(variant="ladder").accumulation_interval is None
     sent = drive_delivered(ctrl, 30, lambda cf: DELIVERED_GAINS[cf], comm_bound, finite=lambda s: s != 10)
     assert [min(s) for s in windows_of(sent, 10)] == [10, 10, 20]
     assert 10 not in ctrl.delivered_gain or ctrl.history[0]["window_gain"] is None
@@ -645,7 +647,8 @@ def test_epsilon_defaults_to_the_variants_own_value():
     delivered, and defaults to 0.9 (at 0.7 it missed dense accuracy in the benchmark).  An
     explicit epsilon is always kept, and what was used is what config() reports."""
     from horovod_gravac.controllers import DEFAULT_EPSILON
-    assert GraVAC().epsilon == 0.7 and GraVAC(variant="ladder").epsilon == 0.7
+    assert GraVAC(variant="paper").epsilon == 0.7 and GraVAC(variant="ladder").epsilon == 0.7
+    assert GraVAC().epsilon == 0.95 == DEFAULT_EPSILON["predictive"]
     assert GraVAC(variant="delivered").epsilon == 0.9 == DEFAULT_EPSILON["delivered"]
     assert GraVAC(variant="delivered", epsilon=0.7).epsilon == 0.7
     assert GraVAC(variant="delivered").config()["epsilon"] == 0.9
@@ -654,10 +657,11 @@ def test_epsilon_defaults_to_the_variants_own_value():
 def test_harness_gives_delivered_its_epsilon_unless_one_is_asked_for():
     from horovod_gravac.harness import train as T
     base = ["--out", "x", "--controller", "gravac"]
-    assert T.resolve_args(base).epsilon == 0.7
+    assert T.resolve_args(base).epsilon == 0.95   # the default rule set, predictive
+    assert T.resolve_args(base + ["--variant", "ladder"]).epsilon == 0.7
     assert T.resolve_args(base + ["--variant", "delivered"]).epsilon == 0.9
     assert T.resolve_args(base + ["--variant", "delivered", "--epsilon", "0.8"]).epsilon == 0.8
     # a preset's epsilon is the paper's (for its per-step gain): kept for "paper", not for "delivered"
-    assert T.resolve_args(["--preset", "resnet101-cifar10", "--out", "x"]).epsilon == \
+    assert T.resolve_args(["--preset", "resnet101-cifar10", "--variant", "paper", "--out", "x"]).epsilon == \
         T.PRESETS["resnet101-cifar10"]["epsilon"]
     assert T.resolve_args(["--preset", "resnet101-cifar10", "--variant", "delivered", "--out", "x"]).epsilon == 0.9

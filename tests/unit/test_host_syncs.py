@@ -488,7 +488,7 @@ def test_syncs_per_optimizer_step_on_accelerators(accelerator_path, monkeypatch)
         counts = {}
         for label, kw in (("dense", {}), ("dgc", dict(compression=DGCCompressor(10))),
                           ("gravac", dict(compressor=DGCCompressor,
-                                          controller=hg.GraVAC(theta_min=10, theta_max=1000, window=50)))):
+                                          controller=hg.GraVAC(theta_min=10, theta_max=1000, window=50, variant="ladder")))):
             torch.manual_seed(0)
             model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
             opt = hg.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),

@@ -38,7 +38,7 @@ def test_fit_comm_model_recovers_latency_and_volume():
 
 def test_variant_builds_the_rule_set_with_its_own_epsilon():
     ctrl = GraVAC(variant="predictive", window=100)
-    assert isinstance(ctrl, PredictiveGraVAC) and ctrl.epsilon == 0.9
+    assert isinstance(ctrl, PredictiveGraVAC) and ctrl.epsilon == 0.95
     assert ctrl.config()["variant"] == "predictive" and ctrl.config()["type"] == "GraVAC"
     assert not ctrl.needs_multilevel and ctrl.tracks_delivery and ctrl.needs_accumulation
     assert ctrl.decision.send_cf == 10.0   # the first CF is sent from the first step
@@ -50,7 +50,7 @@ def test_the_default_ladder_is_geometric():
 
 
 def test_communication_bound_climbs_in_one_move_as_far_as_the_gain_allows():
-    ctrl = GraVAC(variant="predictive", window=100, policy="exponential")
+    ctrl = GraVAC(variant="predictive", window=100, policy="exponential", epsilon=0.9)
     # comm 1 s x 10 / CF; the loss of a full window grows with the CF: 1 - gain = 0.002 x CF.
     # A quarter-window interval reads four times the loss (judged_gain scales it back).
     full = lambda cf: 1 - 0.002 * cf                      # noqa: E731
@@ -68,7 +68,7 @@ def test_communication_bound_climbs_in_one_move_as_far_as_the_gain_allows():
 
 
 def test_a_failed_trial_steps_down_after_a_short_interval_and_waits_before_a_retry():
-    ctrl = GraVAC(variant="predictive", window=100, remeasure_windows=2, policy="exponential")
+    ctrl = GraVAC(variant="predictive", window=100, remeasure_windows=2, policy="exponential", epsilon=0.9)
     gains = {10.0: 0.98, 20.0: 0.99, 40.0: 0.97, 160.0: 0.5, 1000.0: 0.1}
     drive(ctrl, 25, gains.get, lambda cf: 1.0 / cf)
     assert ctrl.decision.send_cf == 160.0   # predicted from 10x's loss: 1 - 0.005 x 16 = 0.92
