@@ -45,9 +45,9 @@ model, within ``--tolerance-ppl`` (2 %) of dense's final perplexity.
 
 Outputs under ``--out`` (default ``benchmarks/results/adaptivity/``): ``results.csv``,
 ``results.md`` (tables and the goals, PASS/FAIL as measured), ``paths.csv`` (the same-payload
-check), ``windows.csv`` (every GraVAC window check: CF, move, gains), ``cf_per_step.png``,
-``gain_per_cf.png`` (the gain each check was judged on), ``throughput_table.png`` (the judged
-configuration's) and ``accuracy_vs_time.png``.  Run directories go to ``<out>/runs/`` (not committed).
+check), ``windows.csv`` (every GraVAC window check: CF, move, gains), ``seeds.csv`` (with
+``--seed-outs``) and ``accuracy_vs_time.png`` (accuracy against time, and the CF per step).
+Run directories go to ``<out>/runs/`` (not committed).
 """
 from __future__ import annotations
 
@@ -372,8 +372,10 @@ def window_checks(all_runs: Dict[Tuple[str, str], Dict[str, dict]]) -> List[dict
             for h in (r["summary"].get("controller_history") or []) if "evaluated_cf" in h]
 
 
-def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], out: str,
-          judge: str) -> List[str]:
+def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], out: str) -> List[str]:
+    """One figure, ``accuracy_vs_time.png``: for each workload and rate, test accuracy
+    (perplexity) against training seconds for every configuration, and beside it the CF each
+    adaptive configuration (and Accordion) sent per step."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -381,89 +383,27 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
     except ImportError:
         log("matplotlib is not installed: no plots")
         return []
-    made = []
     keys = sorted(all_runs)
     palette = plt.get_cmap("tab20").colors
     color = {name: palette[i % len(palette)] for i, name in enumerate(CONFIGS)}   # one per config
-    adaptive = lambda runs: [n for n in runs if CONFIGS.get(n, ("",))[0] == "adaptive"]   # noqa: E731
-
-    def save(fig, filename):
-        fig.tight_layout()
-        made.append(os.path.join(out, filename))
-        fig.savefig(made[-1], dpi=90)
-        plt.close(fig)
-
-    fig, axes = plt.subplots(len(keys), 1, figsize=(11, 2.6 * len(keys)), squeeze=False)
-    for ax, key in zip(axes[:, 0], keys):
-        for name in adaptive(all_runs[key]) + ["accordion-topk"]:
-            r = all_runs[key].get(name)
-            if r:
-                ax.step([s["step"] for s in r["steps"]], [float(s.get("cf") or 1) for s in r["steps"]],
-                        where="post", label=name, lw=1, color=color[name])
-        ax.set_yscale("log")
-        ax.set_ylabel("CF sent")
-        ax.set_title(f"{key[0]} at {key[1]}", fontsize=9)
-    axes[0, 0].legend(fontsize=6, ncol=2)
-    axes[-1, 0].set_xlabel("step")
-    save(fig, "cf_per_step.png")
-
-    fig, axes = plt.subplots(len(keys), 2, figsize=(12, 2.6 * len(keys)), squeeze=False)
-    for (ax_g, ax_t), key in zip(axes, keys):
-        for name in adaptive(all_runs[key]):
-            hist = all_runs[key][name]["summary"].get("controller_history") or []
-            # the gain each check was judged on: the window's ("delivered"), else the candidate's
-            pts = [(h["step"], h["evaluated_cf"], h["window_gain"] if h.get("window_gain") is not None
-                    else h["gain_candidate"]) for h in hist
-                   if h.get("window_gain") is not None or h.get("gain_candidate") is not None]
-            if pts:
-                ax_g.scatter([p[1] for p in pts], [p[2] for p in pts], s=8, label=name, color=color[name])
-            for h in hist[-1:]:
-                table = h.get("compression_throughput") or {}
-                if table:
-                    cfs = sorted(float(c) for c in table)
-                    ax_t.plot(cfs, [table.get(c, table.get(str(c), table.get(f"{c:g}"))) for c in cfs], "o-",
-                              ms=3, lw=1, label=name, color=color[name])
-        ax_g.set_xscale("log")
-        ax_g.set_ylabel("gain at window check")
-        ax_g.set_title(f"{key[0]} at {key[1]}: gain per CF", fontsize=9)
-        ax_t.set_xscale("log")
-        ax_t.set_ylabel("T_compress (samples/s)")
-        ax_t.set_title("compression throughput table at the end", fontsize=9)
-    axes[0, 0].legend(fontsize=6)
-    save(fig, "gain_per_cf.png")
-
-    fig, axes = plt.subplots(len(keys), 1, figsize=(11, 2.6 * len(keys)), squeeze=False)
-    for ax, key in zip(axes[:, 0], keys):
-        # the judged configuration's table, else the first GraVAC run's
-        name = judge if judge in all_runs[key] else next(iter(adaptive(all_runs[key])), None)
-        hist = (all_runs[key][name]["summary"].get("controller_history") or []) if name else []
-        cfs = sorted({float(c) for h in hist for c in (h.get("compression_throughput") or {})})
-        for cf in cfs:
-            pts = [(h["step"], v) for h in hist for c, v in (h.get("compression_throughput") or {}).items()
-                   if float(c) == cf]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=2, lw=1, label=f"CF {cf:g}")
-        ax.set_ylabel("T_compress")
-        ax.set_title(f"{key[0]} at {key[1]}: throughput table over time ({name})", fontsize=9)
-        if cfs:
-            ax.legend(fontsize=6, ncol=4)
-    axes[-1, 0].set_xlabel("step (window check)")
-    save(fig, "throughput_table.png")
-
-    fig, axes = plt.subplots(len(keys), 1, figsize=(11, 2.8 * len(keys)), squeeze=False)
     by = {(r["workload"], r["rate"], r["config"]): r for r in rows}
-    for ax, key in zip(axes[:, 0], keys):
+    fig, axes = plt.subplots(len(keys), 2, figsize=(14, 2.8 * len(keys)), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 2]})
+    for (ax, ax_cf), key in zip(axes, keys):
         metric = WORKLOADS[key[0]]["metric"]
         for name, r in sorted(all_runs[key].items()):
             row = by.get((key[0], key[1], name))
             if row is None:
                 continue
-            scale = row["train_s"] / max(1, len(r["steps"]))
             if CONFIGS[name][0] == "adaptive":
                 t = curve(r)
                 xs = [t[e["step"] - 1] for e in r["evals"]]
             else:
-                xs = [e["step"] * scale for e in r["evals"]]
+                xs = [e["step"] * row["train_s"] / max(1, len(r["steps"])) for e in r["evals"]]
             ax.plot(xs, score(r["evals"], metric), lw=1, label=name, color=color[name])
+            if CONFIGS[name][0] == "adaptive" or name == "accordion-topk":
+                ax_cf.step([s["step"] for s in r["steps"]], [float(s.get("cf") or 1) for s in r["steps"]],
+                           where="post", lw=1, color=color[name])
         target = next((r["target"] for r in rows if r["workload"] == key[0]), None)
         if target is not None:   # None: no dense run here (--only without dense), so no target
             ax.axhline(target, color="k", ls=":", lw=1)
@@ -471,10 +411,17 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
         if metric == "perplexity":
             ax.set_yscale("log")
         ax.set_title(f"{key[0]} at {key[1]}", fontsize=9)
+        ax_cf.set_yscale("log")
+        ax_cf.set_ylabel("CF sent")
+        ax_cf.set_title("CF per step", fontsize=9)
     axes[0, 0].legend(fontsize=6, ncol=3)
     axes[-1, 0].set_xlabel("training seconds")
-    save(fig, "accuracy_vs_time.png")
-    return made
+    axes[-1, 1].set_xlabel("step")
+    fig.tight_layout()
+    path = os.path.join(out, "accuracy_vs_time.png")
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return [path]
 
 
 # --------------------------------------------------------------------------- main
@@ -720,7 +667,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     [[c["goal"], c["workload"], c["rate"], c["measured"], "PASS" if c["pass"] else "FAIL"]
                      for c in checks]), ""]
     write_csv(window_checks(all_runs), os.path.join(args.out, "windows.csv"))
-    made = plots(all_runs, rows, args.out, args.judge) if all_runs else []
+    made = plots(all_runs, rows, args.out) if all_runs else []
     md += [f"![{os.path.basename(m)}]({os.path.basename(m)})" for m in made]
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("\n".join(md) + "\n")

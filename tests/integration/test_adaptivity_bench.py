@@ -194,7 +194,7 @@ def test_plots_without_a_dense_run_draw_no_target(tmp_path):
     steps = [{"step": i, "iter_time": 0.1, "step_time": 0.1, "cf": 10.0} for i in range(1, 5)]
     runs = {("cnn1d-digits", "1gbit"): {"topk-cf10": {"summary": {}, "steps": steps,
                                                      "evals": [{"step": 4, "accuracy": 0.9}]}}}
-    made = A.plots(runs, [], str(tmp_path), "gravac-delivered")
+    made = A.plots(runs, [], str(tmp_path))
     assert any(m.endswith("accuracy_vs_time.png") for m in made)
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from horovod_gravac.harness import data as gd
+from horovod_gravac import controllers as C
 from horovod_gravac.harness import train as T
 from horovod_gravac.compressors import TopKCompressor
 from horovod_gravac.harness.models import HashedNGram, build_model
@@ -130,9 +131,13 @@ def test_preset_settings():
     a = T.resolve_args(["--preset", "ngram-pydoc-chars", "--out", "x"])
     assert (a.model, a.dataset, a.batch_size, a.steps, a.width, a.compressor) == \
         ("ngram", "pydoc-chars", 256, 1000, 16, "topk")
-    # GraVAC: the paper's defaults, window scaled down for 1000 steps.
-    assert (a.epsilon, a.theta_min, a.theta_max, a.policy, a.omega, a.window) == \
+    # GraVAC: the paper's settings, window scaled down for 1000 steps; the default rule set
+    # ("predictive") judges another gain and takes its own epsilon and policy from the library.
+    paper = T.resolve_args(["--preset", "ngram-pydoc-chars", "--variant", "paper", "--out", "x"])
+    assert (paper.epsilon, paper.theta_min, paper.theta_max, paper.policy, paper.omega, paper.window) == \
         (0.9, 10.0, 1000.0, "exponential", 0.01, 100)
+    assert (a.epsilon, a.theta_min, a.theta_max, a.policy, a.omega, a.window) == \
+        (C.DEFAULT_EPSILON["predictive"], 10.0, 1000.0, None, 0.01, 100)
     assert (a.lr, a.momentum, a.weight_decay, a.lr_milestones, a.lr_gamma) == (1.0, 0.9, 0.0, [800], 0.1)
     assert T.resolve_args(["--model", "ngram", "--out", "x"]).dataset == "pydoc-chars"
     for bad in (["--model", "ngram", "--dataset", "digits"], ["--model", "tinycnn", "--dataset", "pydoc-chars"],
