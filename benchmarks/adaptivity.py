@@ -407,6 +407,11 @@ def plots(all_runs: Dict[Tuple[str, str], Dict[str, dict]], rows: List[dict], ou
         target = next((r["target"] for r in rows if r["workload"] == key[0]), None)
         if target is not None:   # None: no dense run here (--only without dense), so no target
             ax.axhline(target, color="k", ls=":", lw=1)
+            if metric == "accuracy":   # the approach to the target, not the first evaluations
+                ax.set_ylim(target - 4, 100.2)
+        ttas = [r["tta_s"] for r in rows if (r["workload"], r["rate"]) == key and r["tta_s"]]
+        if ttas:   # up to twice the slowest time to the target
+            ax.set_xlim(0, 2 * max(ttas))
         ax.set_ylabel(metric)
         if metric == "perplexity":
             ax.set_yscale("log")

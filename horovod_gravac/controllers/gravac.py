@@ -40,8 +40,8 @@ VARIANTS = ("paper", "ladder", "delivered", "predictive")
 #: (0.7, the paper's default).  "delivered" compares another quantity, the share of a window's
 #: debt that error feedback delivered, which reads higher: it needs 0.9 to keep dense accuracy.
 #: "predictive" judges that gain too, and jumps several rungs at once on a prediction from it:
-#: at 0.9 it overshot to 320-1000x on the benchmark's CNN and lost time stepping back; 0.95
-#: settled at 40-80x and reached dense accuracy sooner (at 0.97 it held 20x: slower again).
+#: at 0.9 it overshot to 320-1000x on the benchmark's CNN and lost time stepping back; at 0.95
+#: it spent most of the run at 40-80x and reached dense accuracy sooner (docs/benchmarks.md).
 DEFAULT_EPSILON = {"paper": 0.7, "ladder": 0.7, "delivered": 0.9, "predictive": 0.95}
 
 

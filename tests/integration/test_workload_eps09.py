@@ -182,10 +182,10 @@ def test_two_rank_gravac_eps09_meets_the_target(tmp_path):
     """Same steps and seed; GraVAC eps 0.9 within 0.5 pp of dense, >= 10x fewer bytes.
     About two minutes: two 1000-step runs of ~50-65 s each on two cores.
 
-    Serial: with every gain at 1.0 up to CF 160, each climb is decided by measured
-    throughput (a few percent between neighbouring CFs on localhost), so the path depends
-    on the machine being otherwise idle.  Under the parallel pass's load it stalled at CF 20
-    for 700 steps (9.9x fewer bytes); alone it climbs to 160 (19x)."""
+    Serial: with every gain at 1.0 up to CF 160, each climb is decided by measured step
+    times (a few percent apart between neighbouring CFs on localhost), so the path depends on
+    the machine being otherwise idle: under the parallel pass's load the ladder once stalled
+    at CF 20 for 700 steps (9.9x fewer bytes)."""
     dense = _launch(tmp_path / "dense", "--controller", "dense")
     gravac = _launch(tmp_path / "gravac", "--controller", "gravac", "--epsilon", "0.9")
     assert dense["steps"] == gravac["steps"] == 1000
