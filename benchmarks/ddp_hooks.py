@@ -109,7 +109,6 @@ def main(argv=None):
     if args.rank:
         return rank_main(args)
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from benchmarks.netem import EmulatedCluster, RanksFailed, launch_ranks
     rows = []
     for rate in args.rate or ["1gbit"]:

@@ -232,8 +232,8 @@ def test_mismatched_settings_fail_on_every_rank():
                                        ({"controller": "gravac"}, "controller must be"),
                                        ({"nonfinite": "ignore"}, "nonfinite must be"),
                                        ({"timeout_s": -1}, "timeout_s"),
-                                       ({"compressor": hg.PowerSGDCompressor, "controller": hg.GraVAC()},
-                                        "multi-level")])
+                                       ({"compressor": hg.PowerSGDCompressor,   # (the ladder compresses twice)
+                                         "controller": hg.GraVAC(variant="ladder")}, "multi-level")])
 def test_bad_arguments_are_refused(kw, match):
     with pytest.raises(ValueError, match=match):
         state(**kw)
