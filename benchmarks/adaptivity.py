@@ -292,16 +292,23 @@ def analyse(workload: str, rate: str, runs: Dict[str, dict], timings: Optional[D
                      "step_ms": 1000 * times[-1] / len(times), "floats_vs_dense": floats / dense_floats
                      if dense_floats else None, "median_cf": statistics.median(cfs),
                      "dense_steps_pct": 100.0 * sum(c == 1.0 for c in cfs) / len(cfs)})
+    compare(rows, (("topk-cf10", "speedup_vs_topk10"), ("accordion-topk", "speedup_vs_accordion"),
+                   ("dense", "speedup_vs_dense")))
+    return rows
+
+
+def compare(rows: List[dict], refs: Sequence[Tuple[str, str]]) -> None:
+    """Add to each row of one workload and rate its TTA ratios: ``key`` = the TTA of ``ref``
+    over the row's, for each ``(ref, key)``; ``best_static`` (the static CF with the lowest
+    TTA) and ``vs_best_static``.  A ratio is None where either TTA is."""
     by = {r["config"]: r for r in rows}
     statics = [by[c] for c in ("topk-cf10", "topk-cf100", "topk-cf1000") if c in by and by[c]["tta_s"]]
     best_static = min(statics, key=lambda r: r["tta_s"]) if statics else None
     for r in rows:
-        for ref, key in (("topk-cf10", "speedup_vs_topk10"), ("accordion-topk", "speedup_vs_accordion"),
-                         ("dense", "speedup_vs_dense")):
+        for ref, key in refs:
             r[key] = by[ref]["tta_s"] / r["tta_s"] if ref in by and by[ref]["tta_s"] and r["tta_s"] else None
         r["best_static"] = best_static["config"] if best_static else None
         r["vs_best_static"] = best_static["tta_s"] / r["tta_s"] if best_static and r["tta_s"] else None
-    return rows
 
 
 # --------------------------------------------------------------------------- output
@@ -498,14 +505,8 @@ def over_seeds(per_seed: List[List[dict]]) -> List[dict]:
                                                          if r["floats_vs_dense"] is not None)
                     if any(r["floats_vs_dense"] is not None for r in sel) else None})
     for w, rate in {(r["workload"], r["rate"]) for r in out}:
-        by = {r["config"]: r for r in out if (r["workload"], r["rate"]) == (w, rate)}
-        statics = [by[c] for c in ("topk-cf10", "topk-cf100", "topk-cf1000") if c in by and by[c]["tta_s"]]
-        best = min(statics, key=lambda r: r["tta_s"]) if statics else None
-        for r in by.values():
-            for ref, key in (("topk-cf10", "speedup_vs_topk10"), ("accordion-topk", "speedup_vs_accordion")):
-                r[key] = by[ref]["tta_s"] / r["tta_s"] if ref in by and by[ref]["tta_s"] and r["tta_s"] else None
-            r["best_static"] = best["config"] if best else None
-            r["vs_best_static"] = best["tta_s"] / r["tta_s"] if best and r["tta_s"] else None
+        compare([r for r in out if (r["workload"], r["rate"]) == (w, rate)],
+                (("topk-cf10", "speedup_vs_topk10"), ("accordion-topk", "speedup_vs_accordion")))
     return sorted(out, key=lambda r: (r["workload"], r["rate"], r["config"]))
 
 
