@@ -188,8 +188,7 @@ class GravacState:
                                      powersgd=self.powersgd, compressor_factory=self.factory, prefix=self.prefix)
         self.step_buckets = _StepBuckets()
         self.pipeline = BucketPipeline(self.step_buckets, self.encoder, self.memory, self.interval, controller)
-        if hasattr(controller, "set_world_size"):
-            controller.set_world_size(self.link.world)
+        controller.set_world_size(self.link.world)
         self.exchange = make_exchange(controller, self.prefix, self.timeout, self.backend, False, self.shared_seed)
         self.layout: Dict[int, _DDPBucket] = {}   # DDP's bucket index -> our bucket
         self.step_index = 0
