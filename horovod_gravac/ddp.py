@@ -4,7 +4,7 @@ Two lines change in a DDP script (the shape of ``torch``'s ``powerSGD_hook``)::
 
     import horovod_gravac as hg
     state = hg.ddp.GravacState(process_group=None, compressor=hg.TopKCompressor,
-                               controller=hg.GraVAC(theta_min=10, theta_max=1000, epsilon=0.7))
+                               controller=hg.GraVAC(theta_min=10, theta_max=1000, window=500))
     ddp_model.register_comm_hook(state, hg.ddp.gravac_hook)
 
 No Horovod is needed: the hook runs on ``torch.distributed`` (``ddp_backend.DDPBackend``)

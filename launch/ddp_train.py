@@ -26,7 +26,9 @@ def controller(args):
         return hg.StaticCF(args.cf)
     if args.controller == "accordion":
         return hg.Accordion(low_cf=args.theta_min, high_cf=args.theta_max, threshold=0.5, interval=args.window)
-    return hg.GraVAC(theta_min=args.theta_min, theta_max=args.theta_max, epsilon=args.epsilon, window=args.window)
+    # --epsilon unset: the default rule set's own epsilon (0.95; 0.7 is the paper's rule set's).
+    return hg.GraVAC(theta_min=args.theta_min, theta_max=args.theta_max, window=args.window,
+                     **({} if args.epsilon is None else {"epsilon": args.epsilon}))
 
 
 def main():
@@ -37,7 +39,7 @@ def main():
     p.add_argument("--cf", type=float, default=10.0)
     p.add_argument("--theta-min", type=float, default=10.0)
     p.add_argument("--theta-max", type=float, default=1000.0)
-    p.add_argument("--epsilon", type=float, default=0.7)
+    p.add_argument("--epsilon", type=float, default=None, help="GraVAC's epsilon (default: the library's)")
     p.add_argument("--window", type=int, default=500)
     p.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none")
     p.add_argument("--steps", type=int, default=2000)
