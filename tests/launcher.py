@@ -17,6 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PARALLEL = ROOT / "tests" / "parallel"
+HVDRUN = ROOT / "tests" / "hvdrun.py"
+HVDRUN_BUILT_ENV = "HOROVOD_GRAVAC_TEST_BUILT"   # read by hvdrun.py
 
 
 def horovodrun_path() -> Optional[str]:
@@ -25,13 +27,28 @@ def horovodrun_path() -> Optional[str]:
     return str(cand) if cand.exists() else shutil.which("horovodrun")
 
 
-def horovodrun_cmd(np_: int, argv: Sequence, *, gloo: bool = True) -> List[str]:
-    """``horovodrun -np N -H localhost:N [--gloo] argv...``; skips the test when Horovod's
+_BUILT: Optional[str] = None
+
+
+def horovodrun_launcher() -> List[str]:
+    """The command that runs horovodrun: ``python tests/hvdrun.py``, horovodrun's own command
+    line with its Gloo/MPI build probe answered once per pytest process instead of by a
+    forked torch import at every launch (see hvdrun.py).  Skips the test when Horovod's
     launcher is not installed."""
-    hvdrun = horovodrun_path()
-    if hvdrun is None:
+    global _BUILT
+    if horovodrun_path() is None:
         pytest.skip("horovodrun is not installed (run scripts/setup.sh)")
-    return ([hvdrun, "-np", str(np_), "-H", f"localhost:{np_}"] + (["--gloo"] if gloo else [])
+    if _BUILT is None:
+        from horovod.common.util import gloo_built, mpi_built   # what horovodrun itself asks
+        _BUILT = f"gloo={int(bool(gloo_built()))},mpi={int(bool(mpi_built()))}"
+        os.environ[HVDRUN_BUILT_ENV] = _BUILT   # every launch from this process inherits it
+    return [sys.executable, str(HVDRUN)]
+
+
+def horovodrun_cmd(np_: int, argv: Sequence, *, gloo: bool = True) -> List[str]:
+    """``horovodrun -np N -H localhost:N [--gloo] argv...`` (through ``horovodrun_launcher``);
+    skips the test when Horovod's launcher is not installed."""
+    return (horovodrun_launcher() + ["-np", str(np_), "-H", f"localhost:{np_}"] + (["--gloo"] if gloo else [])
             + [str(a) for a in argv])
 
 

@@ -83,11 +83,8 @@ _RANK0 = re.compile(r"\[(\d+,)?0\]<std")   # Gloo: [0]<stdout>, Open MPI: [1,0]<
 def _launcher_cmd(launcher, script, *args):
     import os
     import sys
-    from launcher import horovodrun_path
-    hvdrun = horovodrun_path()
-    if hvdrun is None:
-        pytest.skip("horovodrun is not installed")
-    cmd = [hvdrun, "-np", "2", "-H", "localhost:2"]
+    from launcher import horovodrun_launcher
+    cmd = horovodrun_launcher() + ["-np", "2", "-H", "localhost:2"]   # skips without horovodrun
     if launcher == "gloo":
         cmd.append("--gloo")
     else:

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from launcher import check_parallel_tests, horovodrun_path, launch_parallel_tests, rank_lines, run_parallel_tests
+from launcher import check_parallel_tests, horovodrun_launcher, launch_parallel_tests, rank_lines, run_parallel_tests
 
 pytestmark = pytest.mark.parallel
 
@@ -60,16 +60,13 @@ def test_real_elastic_driver_shrinks_and_grows(tmp_path):
     asks for a second slot and a new worker joins with an empty optimizer (world 1 -> 2:
     sync from rank 0, factor 0.02). Both finish step 24 with identical parameters
     (parallel/test_elastic_driver.py checks it on each; both must pass)."""
-    hvdrun = horovodrun_path()
-    if hvdrun is None:
-        pytest.skip("horovodrun is not installed")
     flag = tmp_path / "grow"
     discover = tmp_path / "discover.sh"
     discover.write_text(f'#!/bin/sh\nif [ -e "{flag}" ]; then echo localhost:2; '
                         f'else echo localhost:1; echo 127.0.0.1:1; fi\n')
     discover.chmod(0o755)
-    launcher = [hvdrun, "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover),
-                "--gloo"]
+    launcher = horovodrun_launcher() + ["-np", "2", "--min-np", "1", "--max-np", "2",
+                                        "--host-discovery-script", str(discover), "--gloo"]
     rc, out = launch_parallel_tests(2, "test_elastic_driver.py", timeout=240, launcher=launcher,
                                     env={"GRAVAC_ELASTIC_FLAG": str(flag)})
     # The two workers that finish print a pytest summary each; the one that died never gets
