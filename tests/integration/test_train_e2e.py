@@ -3,6 +3,7 @@ then the report over them. Plus the argument handling, which needs no Horovod.""
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,14 +119,41 @@ def test_iter_time_includes_the_wait_in_opt_stats(tmp_path):
 
 
 # --------------------------------------------------------------------------- 2 ranks
-def launch(out_dir, *flags, timeout=240):
-    cmd = horovodrun_cmd(2, [sys.executable, "-m", "horovod_gravac.harness.train",
-                             "--out", out_dir, "--threads", "1", *flags])
+# Every rank calls the harness's main once per run, in order, as ``python -m
+# horovod_gravac.harness.train ARGS`` would: one launch for all of them, since a launch costs
+# more start-up (Python, torch, Horovod's rendezvous) than a toy run.  Rank 0 brackets each
+# run's output with RUN_BEGIN/RUN_END lines.
+_RUNS = """
+import json, sys
+import horovod.torch as hvd
+from horovod_gravac.harness import train
+for k, argv in enumerate(json.loads(sys.argv[1])):
+    hvd.init()
+    if hvd.rank() == 0:
+        print(f"RUN_BEGIN {k}", flush=True)
+    rc = train.main(argv)
+    if rc:
+        sys.exit(rc)
+    if hvd.rank() == 0:
+        print(f"RUN_END {k}", flush=True)
+"""
+
+
+def launch_all(runs, timeout=480):
+    """Each run of ``runs`` ({name: (out_dir, flags)}) in one 2-rank launch; {name: rank 0's
+    output of that run}.  Fails the test unless every run ended."""
+    argvs = [["--out", str(d), "--threads", "1", *map(str, flags)] for d, flags in runs.values()]
+    cmd = horovodrun_cmd(2, [sys.executable, "-c", _RUNS, json.dumps(argvs)])
     rc, out = run_with_timeout(cmd, timeout, cwd=ROOT)
     if rc is None:
-        pytest.fail(f"2-rank run timed out after {timeout}s: {' '.join(map(str, flags))}\n{out[-4000:]}")
-    assert rc == 0, f"2-rank run failed: {' '.join(map(str, flags))}\n{out[-6000:]}"
-    return out
+        pytest.fail(f"2-rank runs timed out after {timeout}s\n{out[-4000:]}")
+    logs = {}
+    for k, name in enumerate(runs):
+        begin, end = re.search(rf"RUN_BEGIN {k}\n", out), re.search(rf"RUN_END {k}\n", out)
+        assert rc == 0 and begin and end, \
+            f"2-rank run {name} failed: {' '.join(map(str, runs[name][1]))}\nrc={rc}\n{out[-6000:]}"
+        logs[name] = out[begin.end():end.start()]
+    return logs
 
 
 def write_text_corpus(root, n_lines=300, seed=0):
@@ -174,12 +202,10 @@ def runs(tmp_path_factory):
     write_cifar10(str(paths["cifar10"]), per_batch=8, n_test=8)
     write_cifar100(str(paths["cifar100"]), n_train=24, n_test=8)
     write_text_corpus(str(paths["ptb"]))
-    out = {}
-    for name, (flags, _) in RUNS.items():
-        flags = [f.format(**{k: str(v) for k, v in paths.items()}) for f in flags]
-        log = launch(base / "runs" / name, *flags)
-        out[name] = (base / "runs" / name, log)
-    return out
+    runs = {name: (base / "runs" / name, [f.format(**{k: str(v) for k, v in paths.items()}) for f in flags])
+            for name, (flags, _) in RUNS.items()}
+    logs = launch_all(runs)
+    return {name: (runs[name][0], logs[name]) for name in RUNS}
 
 
 @pytest.mark.parallel
