@@ -20,7 +20,7 @@ PYTEST=(.venv/bin/python -m pytest -q -ra --timeout 900 --durations 25)
 if [ $# -gt 0 ]; then
   exec "${PYTEST[@]}" tests "$@"
 fi
-CORES=$(nproc)
+CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)   # (nproc obeys OMP_NUM_THREADS=1, exported above)
 WORKERS=${GRAVAC_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}   # one per core, at most 4
 "${PYTEST[@]}" -n "$WORKERS" --dist loadfile -m "not serial" tests
 first=$?
