@@ -29,12 +29,13 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from .. import controllers as C
+from ..cf import check_cf
 from . import data as gdata
 from .models import MODEL_NAMES, build_model, count_parameters, detach_hidden
 from .runlog import RunWriter
@@ -144,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--controller", choices=CONTROLLERS, help="default gravac")
     g.add_argument("--compressor", choices=sorted(COMPRESSORS), help="default topk")
     g.add_argument("--cf", type=float, help="static controller: compression factor (default 100)")
+    g.add_argument("--cf-schedule", help="static controller: CFs by step instead of --cf, as CF@STEP,... "
+                                         "(\"40@0,10@300\": 40x for steps 0-299, then 10x; CF 1 is dense)")
     g.add_argument("--theta-min", type=float, help="GraVAC: lowest CF (default 10)")
     g.add_argument("--theta-max", type=float, help="GraVAC: highest CF (default 1000)")
     g.add_argument("--epsilon", type=float, help="GraVAC: gain threshold (default 0.7, or the "
@@ -279,10 +282,40 @@ def make_compressor(args) -> Callable:
     return functools.partial(cls, **extra) if extra else cls
 
 
+class ScheduledCF(C.StaticCF):
+    """A static CF that changes at given steps: which phase of a run tolerates which CF
+    (``--cf-schedule``).  ``plan``: (CF, first step) pairs, the first at step 0."""
+
+    def __init__(self, plan: List[Tuple[float, int]]):
+        if not plan or plan[0][1] != 0 or any(b[1] <= a[1] for a, b in zip(plan, plan[1:])):
+            raise ValueError(f"a CF schedule starts at step 0 and its steps increase, got {plan!r}")
+        super().__init__(plan[0][0])
+        self.plan = [(check_cf(cf, "cf"), int(at)) for cf, at in plan]
+
+    def observe(self, obs) -> C.Decision:
+        self.step += 1
+        cf = [cf for cf, at in self.plan if at <= self.step][-1]   # for the step numbered self.step (0-based)
+        self.cf, self.decision = cf, C.Decision(cf, cf, cf)
+        return self.decision
+
+    def config(self) -> dict:
+        return {"type": "ScheduledCF", "plan": [list(p) for p in self.plan]}
+
+
+def parse_cf_schedule(text: str) -> List[Tuple[float, int]]:
+    """``"40@0,10@300"`` -> [(40.0, 0), (10.0, 300)]."""
+    try:
+        return [(float(cf), int(at)) for cf, at in (item.split("@") for item in text.replace(" ", "").split(","))]
+    except ValueError:
+        raise ValueError(f"--cf-schedule takes CF@STEP,..., e.g. 40@0,10@300; got {text!r}") from None
+
+
 def make_controller(args):
     if args.controller == "dense":
         return C.Dense()
     if args.controller == "static":
+        if getattr(args, "cf_schedule", None):
+            return ScheduledCF(parse_cf_schedule(args.cf_schedule))
         return C.StaticCF(args.cf)
     if args.controller == "gravac":
         return C.GraVAC(theta_min=args.theta_min, theta_max=args.theta_max, epsilon=args.epsilon,

@@ -81,3 +81,19 @@ def test_benchmarks_are_a_package_without_path_hacks_or_import_cycles():
         return any(n == b or (n not in seen and reaches(n, b, seen + (n,))) for n in graph.get(a, ()))
     cycles = [m for m in graph if reaches(m, m)]
     assert not cycles, {m: graph[m] for m in cycles}
+
+
+def test_cf_schedule_changes_the_static_cf_at_its_steps():
+    """``--cf-schedule 40@0,10@3``: 40x for steps 0-2, then 10x (the step index a decision is
+    for is the controller's step count after observing the one before)."""
+    from horovod_gravac.controllers import StepObservation
+    from horovod_gravac.harness import train as T
+    ctrl = T.make_controller(T.resolve_args(["--controller", "static", "--cf-schedule", "40@0, 10@3"]))
+    sent = [ctrl.decision.send_cf]
+    for _ in range(4):
+        sent.append(ctrl.observe(StepObservation(ef_sq=1.0, min_sq=1.0, candidate_sq=1.0, step_time=0.1)).send_cf)
+    assert sent == [40.0, 40.0, 40.0, 10.0, 10.0]
+    assert ctrl.config() == {"type": "ScheduledCF", "plan": [[40.0, 0], [10.0, 3]]}
+    for bad in ("40", "40@1,10@3", "40@0,10@0", "x@0"):
+        with pytest.raises(ValueError, match="schedule"):
+            T.make_controller(T.resolve_args(["--controller", "static", "--cf-schedule", bad]))
