@@ -12,7 +12,9 @@ from horovod_gravac import comm
 from conftest import run_ranks
 from launcher import PARALLEL
 
-pytestmark = [pytest.mark.parallel, pytest.mark.serial]   # wall-clock bounds: run alone
+# Wall-clock bounds: after the parallel pass, two scenarios at a time at most (each mostly
+# waits for its timeout), never beside a loaded machine.
+pytestmark = [pytest.mark.parallel, pytest.mark.serial]
 FAULT_SCENARIO = PARALLEL / "fault_scenario.py"
 
 

@@ -21,8 +21,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import cost_model, net_probe, netem  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(300),
-              pytest.mark.serial]   # network namespaces and wall-clock bounds: run alone
+# network namespaces and wall-clock bounds: after the parallel pass, one after another (one
+# xdist group), beside at most the fault tests, which mostly wait
+pytestmark = [pytest.mark.timeout(300), pytest.mark.serial, pytest.mark.xdist_group("netem")]
 
 HAVE_NETNS = netem.namespace_support() is None
 needs_netns = pytest.mark.skipif(not HAVE_NETNS, reason=f"no network namespaces: "

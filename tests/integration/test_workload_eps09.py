@@ -177,23 +177,26 @@ def _launch(out_dir, *flags, timeout=420):
 
 @pytest.mark.parallel
 @pytest.mark.slow
-@pytest.mark.serial
+@pytest.mark.alone
 def test_two_rank_gravac_eps09_meets_the_target(tmp_path):
-    """Same steps and seed; GraVAC eps 0.9 within 0.5 pp of dense, >= 10x fewer bytes.
-    About two minutes: two 1000-step runs of ~50-65 s each on two cores.
+    """Same steps and seed; GraVAC (the default rule set) at eps 0.9 within 0.5 pp of dense,
+    with >= 10x fewer bytes.  500 steps with the lr drop at 400, half the preset's run: on
+    it the default climbs to 640x within 50 steps and ends 0.03 pp from dense with 74x fewer
+    bytes (seed 42), so the bounds keep their margin.  About 50 s on two cores.
 
-    Serial: with every gain at 1.0 up to CF 160, each climb is decided by measured step
-    times (a few percent apart between neighbouring CFs on localhost), so the path depends on
-    the machine being otherwise idle: under the parallel pass's load the ladder once stalled
-    at CF 20 for 700 steps (9.9x fewer bytes)."""
-    dense = _launch(tmp_path / "dense", "--controller", "dense")
-    gravac = _launch(tmp_path / "gravac", "--controller", "gravac", "--epsilon", "0.9")
-    assert dense["steps"] == gravac["steps"] == 1000
+    Alone (not even beside the fault tests): every gain is near 1.0 up to high CFs, so each
+    climb is decided by measured step times (a few percent apart between neighbouring CFs on
+    localhost), and the path depends on the machine being otherwise idle: under the parallel
+    pass's load the ladder once stalled at CF 20 for 700 steps (9.9x fewer bytes)."""
+    run = ("--steps", "500", "--lr-milestones", "400")
+    dense = _launch(tmp_path / "dense", "--controller", "dense", *run)
+    gravac = _launch(tmp_path / "gravac", "--controller", "gravac", "--epsilon", "0.9", *run)
+    assert dense["steps"] == gravac["steps"] == 500
     diff_pp = 100 * (gravac["final"]["accuracy"] - dense["final"]["accuracy"])
     fewer = dense["bytes_sent"] / gravac["bytes_sent"]
     assert dense["final"]["samples"] == gravac["final"]["samples"] > 40_000   # the whole test split
     assert dense["final"]["accuracy"] > 0.6
     assert abs(diff_pp) <= 0.5, (diff_pp, dense["final"], gravac["final"])
     assert fewer >= 10.0, (fewer, gravac["steps_per_cf"])
-    # It got there by climbing the ladder, not by luck in one window.
+    # It got there by climbing, not by luck in one window.
     assert gravac["controller_history"][-1]["theta_min"] >= 40
