@@ -84,10 +84,19 @@ EOF
   [ -x "$HOROVODRUN" ] && "$HOROVODRUN" --check-build
 } > "$RESULTS/env.txt" 2>&1
 cat "$RESULTS/env.txt"
-CUDA_OK=$("$PYTHON" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
-NGPU=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
-HVD=$("$PYTHON" -c "import horovod.torch" >/dev/null 2>&1 && echo 1 || echo 0)
-NCCL=$("$PYTHON" -c "import horovod.torch as h; print(int(bool(h.nccl_built())))" 2>/dev/null || echo 0)
+# One interpreter for the four facts (each import of torch costs seconds): CUDA, GPUs, Horovod, NCCL.
+read -r CUDA_OK NGPU HVD NCCL < <("$PYTHON" - 2>/dev/null <<'EOF' || echo "0 0 0 0"
+import torch
+facts = [int(torch.cuda.is_available()), torch.cuda.device_count()]
+try:
+    import horovod.torch as h
+    facts += [1, int(bool(h.nccl_built()))]
+except Exception:
+    facts += [0, 0]
+print(*facts)
+EOF
+)
+: "${CUDA_OK:=0}" "${NGPU:=0}" "${HVD:=0}" "${NCCL:=0}"
 note "INFO  env: cuda available=$CUDA_OK, GPUs=$NGPU, Horovod NCCL=$NCCL (env.txt)"
 if [ "$CUDA_OK" != 1 ]; then
   note "FAIL  torch.cuda.is_available() is False: install a CUDA build of torch (and a driver); nothing ran on a GPU"
