@@ -45,6 +45,17 @@ def horovodrun_launcher() -> List[str]:
     return [sys.executable, str(HVDRUN)]
 
 
+def bracketed_runs(out: str, count: int) -> List[Optional[str]]:
+    """Rank 0's output of each of ``count`` runs made in one launch, each bracketed by
+    ``RUN_BEGIN k`` and ``RUN_END k`` lines (tests/integration/examples/_runs.py and
+    test_train_e2e.py print them); None for a run that did not start or did not end."""
+    segments = []
+    for k in range(count):
+        begin, end = re.search(rf"RUN_BEGIN {k}\n", out), re.search(rf"RUN_END {k}\n", out)
+        segments.append(out[begin.end():end.start()] if begin and end else None)
+    return segments
+
+
 def horovodrun_cmd(np_: int, argv: Sequence, *, gloo: bool = True) -> List[str]:
     """``horovodrun -np N -H localhost:N [--gloo] argv...`` (through ``horovodrun_launcher``);
     skips the test when Horovod's launcher is not installed."""

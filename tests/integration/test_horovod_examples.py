@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from test_horovod_compat import launch
+from launcher import bracketed_runs
 
 pytestmark = pytest.mark.parallel
 
@@ -37,14 +38,12 @@ def run_examples(script, np_, runs, timeout):
     argv = [EXAMPLES / script, json.dumps([list(map(str, runs[k])) for k in keys])]
     rc, out = launch(np_, EXAMPLES / "_runs.py", argv, timeout)
     results = {}
-    for i, key in enumerate(keys):
+    for i, (key, seg) in enumerate(zip(keys, bracketed_runs(out, len(keys)))):
         what = f"{script} -np {np_} {key} ({' '.join(map(str, runs[key]))})"
-        begin, end = re.search(rf"RUN_BEGIN {i}\n", out), re.search(rf"RUN_END {i}\n", out)
-        if begin is None or end is None:
-            started = "it did not start (an earlier run failed)" if begin is None else "it failed"
+        if seg is None:
+            started = "it failed" if f"RUN_BEGIN {i}\n" in out else "it did not start (an earlier run failed)"
             results[key] = AssertionError(f"{what}: {started}; rc={rc} (None: timeout)\n{out[-5000:]}")
             continue
-        seg = out[begin.end():end.start()]
         shas = re.findall(r"PARAMS_SHA ([0-9a-f]{64})", seg)
         results[key] = (shas[0], seg) if len(shas) == 1 else \
             AssertionError(f"{what}: no PARAMS_SHA line\n{seg[-3000:]}")

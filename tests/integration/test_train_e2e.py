@@ -3,7 +3,6 @@ then the report over them. Plus the argument handling, which needs no Horovod.""
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 from horovod_gravac.harness import train as T
 from horovod_gravac.harness.runlog import load_run
-from launcher import ROOT, horovodrun_cmd, horovodrun_path, run_with_timeout
+from launcher import ROOT, bracketed_runs, horovodrun_cmd, horovodrun_path, run_with_timeout
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data import write_cifar10, write_cifar100   # noqa: E402
@@ -148,11 +147,10 @@ def launch_all(runs, timeout=480):
     if rc is None:
         pytest.fail(f"2-rank runs timed out after {timeout}s\n{out[-4000:]}")
     logs = {}
-    for k, name in enumerate(runs):
-        begin, end = re.search(rf"RUN_BEGIN {k}\n", out), re.search(rf"RUN_END {k}\n", out)
-        assert rc == 0 and begin and end, \
+    for name, seg in zip(runs, bracketed_runs(out, len(runs))):
+        assert rc == 0 and seg is not None, \
             f"2-rank run {name} failed: {' '.join(map(str, runs[name][1]))}\nrc={rc}\n{out[-6000:]}"
-        logs[name] = out[begin.end():end.start()]
+        logs[name] = seg
     return logs
 
 
