@@ -15,7 +15,9 @@ DDP's default in the last bit; DDP's default is the one reproduced here.)
 
 Uneven allgathers (threshold sparsifiers' payloads): one tiny allgather of every rank's row
 count, then one allgather of the payloads padded to the longest; the padding is cut off
-again.  Two ranks' payloads of one size by construction (exact Top-k, Random-k) swap with
+again.  Host tensors (the consensus's small buffers and pickled objects) travel through
+the current CUDA device when the group cannot move CPU tensors (NCCL), and are copied
+back.  Two ranks' payloads of one size by construction (exact Top-k, Random-k) swap with
 one allgather (:meth:`DDPBackend.pair_exchange_async`).  Every call is asynchronous
 (``async_op=True``) and every wait is bounded (``comm.bounded_wait``)."""
 from __future__ import annotations
@@ -52,6 +54,16 @@ class DDPBackend(CollectiveBackend):
                                "torch.distributed.init_process_group(...) before building the state")
         self.group = process_group
         self.timeout = timeout
+        # NCCL moves only CUDA tensors: host buffers are staged on this rank's current device.
+        self._host_staging = None
+        if dist.get_backend(process_group) == "nccl":
+            self._host_staging = torch.device("cuda", torch.cuda.current_device())
+
+    def _on_wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor``, or its copy on the device the group can send from."""
+        if self._host_staging is not None and tensor.device.type == "cpu":
+            return tensor.to(self._host_staging)
+        return tensor
 
     def rank(self) -> int:
         return dist.get_rank(self.group)
@@ -68,13 +80,18 @@ class DDPBackend(CollectiveBackend):
                 tensor.div_(n)            # as fp16_compress_hook
             else:
                 tensor.mul_(1.0 / n)      # as DDP's reducer without a hook
-        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        wire = self._on_wire(tensor)
+        work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 
         def result():
+            if wire is not tensor:
+                tensor.copy_(wire)
             return tensor.mul_(postscale_factor) if postscale_factor != 1.0 else tensor
         return _Handle(work, result)
 
     def allgather_async(self, tensor, name):
+        host = tensor.device
+        tensor = self._on_wire(tensor)
         n = self.size()
         rows = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
         counts = torch.empty(n, dtype=torch.int64, device=tensor.device)
@@ -91,25 +108,28 @@ class DDPBackend(CollectiveBackend):
         work = _gather_into(out, padded.contiguous(), group=self.group, async_op=True)
 
         def result():
-            if all(c == longest for c in counts):
-                return out
-            return torch.cat([out[r * longest:r * longest + c] for r, c in enumerate(counts)])
+            got = out if all(c == longest for c in counts) else \
+                torch.cat([out[r * longest:r * longest + c] for r, c in enumerate(counts)])
+            return got.to(host)
         return _Handle(work, result)
 
     def pair_exchange_async(self, block, name):
         """One allgather of the two ranks' equal-sized blocks; the result is the other's.
         (The shapes are equal by construction: ``transfers.PairExchange`` is chosen only when
         the start-up check compared the ranks' compressors.)"""
+        host = block.device
+        block = self._on_wire(block)
         rows = block.shape[0]
         out = torch.empty((2 * rows,) + tuple(block.shape[1:]), dtype=block.dtype, device=block.device)
         work = _gather_into(out, block.contiguous(), group=self.group, async_op=True)
         other = 1 - self.rank()
-        return _Handle(work, lambda: out[other * rows:(other + 1) * rows])
+        return _Handle(work, lambda: out[other * rows:(other + 1) * rows].to(host))
 
     def broadcast_async_(self, tensor, name, root=0):
         src = root if self.group is None else dist.get_global_rank(self.group, root)
-        work = dist.broadcast(tensor, src=src, group=self.group, async_op=True)
-        return _Handle(work, lambda: tensor)
+        wire = self._on_wire(tensor)
+        work = dist.broadcast(wire, src=src, group=self.group, async_op=True)
+        return _Handle(work, lambda: tensor if wire is tensor else tensor.copy_(wire))
 
     def wait(self, handle, name: str, timeout: Optional[float] = None) -> torch.Tensor:
         bounded_wait(handle.work.is_completed, name, timeout, where=self._where,

@@ -11,7 +11,7 @@
 #
 # Steps (each runs even if an earlier one failed; every result goes to a file):
 #   1. environment: nvidia-smi, torch/CUDA versions, horovodrun --check-build   -> env.txt
-#   2. pytest -m cuda tests/unit/test_cuda.py: every CUDA branch against the CPU      -> pytest_cuda.txt, pytest_cuda.xml
+#   2. pytest -m cuda tests/unit/test_cuda.py test_ddp_cuda.py: every CUDA branch, the DDP hook on NCCL     -> pytest_cuda.txt, pytest_cuda.xml
 #   3. the optimizer on CUDA with each compressor, horovodrun with NCCL, pytest on every rank
 #      (tests/parallel/test_cuda_nccl.py; 2 ranks when there are 2 GPUs, else 1 rank:
 #      NCCL refuses two ranks on one GPU; skipped if Horovod has no NCCL)   -> nccl_optimizer.txt
@@ -107,7 +107,7 @@ fi
 
 # 2. every CUDA branch ---------------------------------------------------------------------------
 step "pytest -m cuda (tests/unit/test_cuda.py)" "$RESULTS/pytest_cuda.txt" \
-  "$PYTHON" -m pytest -m cuda -v -rs -p no:cacheprovider tests/unit/test_cuda.py --junitxml="$RESULTS/pytest_cuda.xml"
+  "$PYTHON" -m pytest -m cuda -v -rs -p no:cacheprovider tests/unit/test_cuda.py tests/unit/test_ddp_cuda.py --junitxml="$RESULTS/pytest_cuda.xml"
 
 # horovodrun is a console script; where Horovod was installed with pip --target there is
 # none on PATH, and its module runs the same launcher.

@@ -21,6 +21,11 @@
 #   build on an H100; under a 600 s limit per command, skip the harness (GPU_CHECK_HARNESS=0)
 #   or run the step-cost table in a second call (GPU_CHECK_SKIP_BUILD=1 reuses the build
 #   while the machine is still warm).
+# ddp: the DDP hook with NCCL on one rank: pytest -m cuda tests/unit/test_ddp_cuda.py, then its
+#   step cost (python -m benchmarks.ddp_step_cost --device cuda: ResNet-50, every
+#   configuration against DDP's default hook).  Needs neither Horovod nor .whl/; writes
+#   pytest_ddp_cuda.txt and ddp_step_cost_cuda.txt to $OUT (or reports/gpu_check/).  About a
+#   minute on an H200.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=${GPU_CARRY:-.whl}
@@ -72,8 +77,22 @@ run() {
   return $rc
 }
 
+ddp() {
+  local py=${PYTHON:-python3} dir=${OUT:-reports/gpu_check/ddp-$(date -u +%Y%m%dT%H%M%SZ)}
+  mkdir -p "$dir"
+  "$py" setup.py build_ext --inplace > "$dir/build_ext.log" 2>&1 || say "build_ext failed (the NumPy paths run instead)"
+  { "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; } > "$dir/ddp_env.txt" 2>&1
+  local rc=0
+  "$py" -m pytest -m cuda -v -rs -p no:cacheprovider tests/unit/test_ddp_cuda.py > "$dir/pytest_ddp_cuda.txt" 2>&1 || rc=$?
+  tail -n 3 "$dir/pytest_ddp_cuda.txt"
+  "$py" -m benchmarks.ddp_step_cost --device cuda --out "$dir/ddp_step_cost_cuda.txt" || rc=$?
+  return $rc
+}
+
 case "${1:-}" in
   prepare) prepare ;;
   run) run ;;
-  *) echo "usage: bash scripts/gpu_session.sh prepare|run  (see the comments at the top)" >&2; exit 2 ;;
+  ddp) ddp ;;
+  *) echo "usage: bash scripts/gpu_session.sh prepare|run|ddp  (see the comments at the top)" >&2; exit 2 ;;
 esac
