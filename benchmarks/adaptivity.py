@@ -371,9 +371,10 @@ def goals(rows: List[dict], paths: List[dict], shares: Dict[Tuple[str, str], Opt
 
 def window_checks(all_runs: Dict[Tuple[str, str], Dict[str, dict]]) -> List[dict]:
     """Every window check of every GraVAC run (``controller_history``): the CF sent or
-    evaluated, the move, and the gains it was judged on ("delivered": ``window_gain``)."""
+    evaluated, the move, the gains it was judged on ("delivered": ``window_gain``) and
+    "predictive"'s mean gradient coherence over the interval."""
     keys = ("step", "evaluated_cf", "theta_min", "next_candidate_cf", "move", "window_gain",
-            "gain_min", "gain_candidate")
+            "gain_min", "gain_candidate", "coherence")
     return [{"workload": w, "rate": rate, "config": name, **{k: h.get(k) for k in keys}}
             for (w, rate), runs in sorted(all_runs.items()) for name, r in sorted(runs.items())
             for h in (r["summary"].get("controller_history") or []) if "evaluated_cf" in h]

@@ -16,6 +16,7 @@ from .wire import StepStats
 class StepRecord:
     def __init__(self):
         self._norm_parts: List[torch.Tensor] = []   # per bucket: ||g_ef||^2, ||g_min||^2, ||g_c||^2
+        self._lag_parts: List[torch.Tensor] = []    # per bucket: coherence.py's three sums
         self.grad_sq = 0.0
         self.compress_time = 0.0
         self.bytes_sent = 0
@@ -36,17 +37,20 @@ class StepRecord:
         bucket would be a host sync in every bucket hook on a GPU."""
         self._norm_parts.append(norms)
 
+    def add_lag(self, sums: torch.Tensor) -> None:
+        """A bucket's coherence sums (float64, on its device; ``coherence.CoherenceSampler``)."""
+        self._lag_parts.append(sums)
+
     @property
     def norms(self) -> torch.Tensor:
         """The step's squared norms so far, summed over buckets, on the CPU (one copy back
         per device the buckets live on)."""
-        total = torch.zeros(3, dtype=torch.float64)
-        by_device = {}
-        for part in self._norm_parts:
-            by_device.setdefault(part.device, []).append(part)
-        for parts in by_device.values():
-            total += torch.stack(parts).sum(0).double().cpu()
-        return total
+        return _sum_parts(self._norm_parts)
+
+    @property
+    def lag(self) -> torch.Tensor:
+        """The step's coherence sums so far, summed over buckets, on the CPU."""
+        return _sum_parts(self._lag_parts)
 
     def add_transfer(self, transfer) -> None:
         """A finished transfer's counts (and the carried statistics, if it had them)."""
@@ -63,10 +67,12 @@ class StepRecord:
         """This rank's statistics (unscaled by the loss scale), sent with the carrier."""
         s2 = scale * scale
         n = self.norms
+        lag = self.lag.tolist() if self._lag_parts else (0.0, 0.0, 0.0)
         return StepStats(ef_sq=float(n[0]) / s2, min_sq=float(n[1]) / s2, candidate_sq=float(n[2]) / s2,
                          grad_sq=self.grad_sq / s2, accumulated_sq=accumulated_sq,
                          window_dot=window_dot, window_sent_sq=window_sent_sq,
-                         nonfinite=float(self.nonfinite > 0))
+                         nonfinite=float(self.nonfinite > 0),
+                         lag_dot=lag[0], lag_now_sq=lag[1], lag_prev_sq=lag[2])
 
     def summary(self, step: int, decision, dense_floats: int, step_time: float, comm_time: float,
                 skipped: bool) -> dict:
@@ -79,3 +85,14 @@ class StepRecord:
                 "nonfinite_buckets": self.nonfinite, "exact_fallbacks": self.exact_fallbacks,
                 "skipped": skipped, "transfers": "+".join(sorted(self.kinds)),
                 "quality": sum(self.quality) / len(self.quality) if self.quality else None}
+
+
+def _sum_parts(parts: List[torch.Tensor]) -> torch.Tensor:
+    """Three per-bucket sums added up on the CPU (one copy back per device)."""
+    total = torch.zeros(3, dtype=torch.float64)
+    by_device = {}
+    for part in parts:
+        by_device.setdefault(part.device, []).append(part)
+    for group in by_device.values():
+        total += torch.stack(group).sum(0).double().cpu()
+    return total

@@ -86,12 +86,16 @@ def optimizer_meta(optimizer, rank: int) -> dict:
                     optimizer.world_size, rank, layout)
 
 
-def gravac_state(controller, step: int, memory, interval, powersgd, buckets, meta: dict) -> dict:
+def gravac_state(controller, step: int, memory, interval, powersgd, buckets, meta: dict,
+                 coherence=None) -> dict:
     """``optimizer.gravac_state_dict()``: the controller's state, the step index and this
-    rank's buffers (by parameter name) with their checksums and ``meta``."""
+    rank's buffers (by parameter name) with their checksums and ``meta``; ``coherence``: the
+    encoder's ``CoherenceSampler``, whose samples of the last gradient a resumed run needs to
+    read the coherence of its first step as the uninterrupted run does."""
     residuals = memory.state_dict(buckets)
     accumulated = interval.state_dict(buckets)
     return {"controller": controller.state_dict(), "residuals": residuals["residuals"],
+            "coherence_samples": coherence.state_dict() if coherence is not None else {},
             "velocities": residuals["velocities"], "accumulated": accumulated,
             "step": step,
             "lowrank_q": powersgd.state_dict(),
@@ -124,10 +128,12 @@ def load_controller_state(state: dict, meta: dict, controller) -> int:
     return int(state["step"])
 
 
-def load_rank_buffers(state: dict, memory, interval, powersgd, buckets) -> None:
+def load_rank_buffers(state: dict, memory, interval, powersgd, buckets, coherence=None) -> None:
     """This rank's buffers from ``state``; each part loads its own, and states written
     before velocities and interval sums were saved leave those as they are."""
     powersgd.load_state_dict(state.get("lowrank_q", {}))
+    if coherence is not None:
+        coherence.load_state_dict(state.get("coherence_samples", {}))
     memory.load_state_dict(state, buckets)
     if "accumulated" in state:
         interval.load_state_dict(state["accumulated"], buckets)
@@ -221,6 +227,8 @@ def retarget(state: dict, rank: Optional[int] = None, world_size: Optional[int] 
     for key, crc_key, _ in PER_RANK:
         if key in gravac or key == "residuals":
             gravac[key], gravac[crc_key] = {}, {}
+    if "coherence_samples" in gravac:   # this rank's last gradient, too
+        gravac["coherence_samples"] = {}
     meta = copy.deepcopy(gravac.get("meta")) if gravac.get("meta") is not None else None
     if meta is not None:
         if rank is not None:
@@ -283,6 +291,8 @@ def _has_zip_end(path: str, size: int) -> bool:
 # GraVAC settings added after checkpoints were first written, with the value that reproduces
 # how a controller behaved before the setting existed: a checkpoint without one compares as if
 # it held that value.
+# coherence_max: "predictive" held nothing before it (1.0); the other rule sets do not read it
+# and store the default.
 _GRAVAC_SETTINGS_ADDED = {"split_rungs": False}
 
 
@@ -290,7 +300,10 @@ def _normalise(field, value):
     if field == "parameters" and value is not None:
         return [(n, tuple(s), str(d)) for n, s, d in value]
     if field == "controller" and isinstance(value, dict) and value.get("type") == "GraVAC":
-        return {**_GRAVAC_SETTINGS_ADDED, **value}
+        from .controllers.gravac import DEFAULT_COHERENCE_MAX
+        added = {**_GRAVAC_SETTINGS_ADDED,
+                 "coherence_max": 1.0 if value.get("variant") == "predictive" else DEFAULT_COHERENCE_MAX}
+        return {**added, **value}
     return value
 
 

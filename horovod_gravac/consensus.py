@@ -39,6 +39,7 @@ import warnings
 import torch
 
 from .backend import CollectiveBackend, ReduceOp
+from .coherence import coherence
 from .controllers import Controller, Dense, StepObservation
 from .wire import StepStats
 
@@ -63,6 +64,7 @@ def observation(step_stats: StepStats, step_time: float, world: int, at_boundary
         accumulated_sq=s.accumulated_sq if at_boundary else None,
         window_dot=s.window_dot if at_boundary else None,
         window_sent_sq=s.window_sent_sq if at_boundary else None,
+        coherence=coherence(s.lag_dot, s.lag_now_sq, s.lag_prev_sq),
         # Not finite: a rank saw NaN/Inf, or a float32-carried statistic overflowed.
         finite=s.nonfinite == 0.0 and all(map(math.isfinite, s.to_list())))
 

@@ -327,7 +327,8 @@ class GravacState:
             if sums:
                 self.interval.load_state_dict(sums, [bucket])
         if self._pending_load is not None:
-            checkpoint.load_rank_buffers(self._pending_load, self.memory, self.interval, self.powersgd, [bucket])
+            checkpoint.load_rank_buffers(self._pending_load, self.memory, self.interval, self.powersgd, [bucket],
+                                         self.encoder.coherence)
         return bucket
 
     def _buckets(self) -> List[_DDPBucket]:
@@ -349,7 +350,7 @@ class GravacState:
         """The controller, the step index and this rank's residuals (by parameter name),
         with ``meta`` and checksums, as ``DistributedOptimizer.gravac_state_dict()``."""
         return checkpoint.gravac_state(self.controller, self.step_index, self.memory, self.interval,
-                                       self.powersgd, self._buckets(), self._meta())
+                                       self.powersgd, self._buckets(), self._meta(), self.encoder.coherence)
 
     def load_state_dict(self, state: dict) -> None:
         """Load :meth:`state_dict`'s output; ``ValueError`` (``checkpoint.CheckpointError``)
@@ -364,7 +365,8 @@ class GravacState:
         self.step_index = checkpoint.load_controller_state(state, meta, self.controller)
         self._started = False   # every rank takes rank 0's state before the next bucket
         if self.layout:
-            checkpoint.load_rank_buffers(state, self.memory, self.interval, self.powersgd, self._buckets())
+            checkpoint.load_rank_buffers(state, self.memory, self.interval, self.powersgd, self._buckets(),
+                                         self.encoder.coherence)
         else:
             self._pending_load = state
 

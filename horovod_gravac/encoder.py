@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Union
 import torch
 
 from .accounting import StepRecord
+from .coherence import CoherenceSampler
 from .compressors.base import GradientCompressor
 from .controllers import DENSE, Controller, Decision
 from .error_feedback import ErrorFeedback, finite_tensor
@@ -73,6 +74,7 @@ class BucketEncoder:
         self.controller, self.memory, self.powersgd = controller, memory, powersgd
         self.compressor_factory = compressor_factory
         self._compressors: Dict[float, GradientCompressor] = {}   # one per CF, kept (their state)
+        self.coherence = CoherenceSampler()   # sampled when the controller reads the coherence
 
     def compressor(self, cf: float) -> GradientCompressor:
         comp = self._compressors.get(cf)
@@ -102,11 +104,18 @@ class BucketEncoder:
                         g.mul_(factor)
                 grad_sq = limit * limit
         g_ef = None
+        # The coherence reads the raw gradient as g_ef less the residual before it (momentum
+        # correction adds a velocity instead, whose steps are not independent: not measured).
+        lag = finite and self.controller.needs_coherence and self.memory.momentum is None
+        if lag:
+            residual_before = self.coherence.before(self.memory.residuals.get(bucket.index), bucket.numel)
         if finite:   # (None: residual * scale + g overflowed, and the memory undid it)
             g_ef = self.memory.add(bucket.index, grads, bucket.offsets, bucket.numel, bucket.device, scale,
                                    dtype=bucket.value_dtype)
             finite = g_ef is not None
         if finite:
+            if lag:
+                record.add_lag(self.coherence.measure(self.coherence.key(bucket.names), g_ef, residual_before, scale))
             record.grad_sq += grad_sq
             _park_frozen(bucket, g_ef)
             bucket.update_residual = True

@@ -547,14 +547,16 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         """Controller state, step index and this rank's buffers by parameter name, with
         ``meta`` and checksums (``checkpoint.gravac_state``)."""
         return checkpoint.gravac_state(self.controller, self._step_index, self._memory, self._interval,
-                                       self._powersgd, self._buckets, checkpoint.optimizer_meta(self, hvd.rank()))
+                                       self._powersgd, self._buckets, checkpoint.optimizer_meta(self, hvd.rank()),
+                                       self._encoder.coherence)
 
     def load_gravac_state_dict(self, state: dict) -> None:
         """Load a state from ``gravac_state_dict``; ``ValueError`` (nothing loaded) if it
         does not fit this optimizer (``checkpoint.load_controller_state``)."""
         meta = checkpoint.optimizer_meta(self, hvd.rank())
         self._step_index = checkpoint.load_controller_state(state, meta, self.controller)
-        checkpoint.load_rank_buffers(state, self._memory, self._interval, self._powersgd, self._buckets)
+        checkpoint.load_rank_buffers(state, self._memory, self._interval, self._powersgd, self._buckets,
+                                     self._encoder.coherence)
 
     def state_dict(self):
         state = super(self.__class__, self).state_dict()

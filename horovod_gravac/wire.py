@@ -62,6 +62,9 @@ class StepStats:
     window_dot: float = 0.0       # <D, G>, D what was sent over the interval (GraVAC "delivered")
     window_sent_sq: float = 0.0   # ||D||^2
     nonfinite: float = 0.0        # 1.0: some bucket of some rank held NaN/Inf
+    lag_dot: float = 0.0          # <g_t, g_t-1> on the sampled coordinates (coherence.py)
+    lag_now_sq: float = 0.0       # |g_t|^2 there
+    lag_prev_sq: float = 0.0      # |g_t-1|^2 there
 
     def to_tensor(self) -> torch.Tensor:
         """The float64 vector that travels (field order is the wire order)."""

@@ -79,6 +79,7 @@ class StepObservation:
     window_sent_sq: Optional[float] = None  # ||D||^2   (both: GraVAC variant "delivered")
     finite: bool = True          # False if any rank saw a NaN/Inf gradient
     comm_time: float = 0.0       # seconds of the step spent waiting for communication (this rank)
+    coherence: Optional[float] = None   # cos(g_t, g_t-1), rank-averaged sums (coherence.py)
 
 
 class Controller:
@@ -95,6 +96,8 @@ class Controller:
     needs_accumulation = False
     #: True when it must also sum what each rank sent, D (GraVAC "delivered").
     tracks_delivery = False
+    #: True when it reads the gradient coherence (``coherence.py``; ``StepObservation.coherence``).
+    needs_coherence = False
     #: True when it compares two compression levels per step (GraVAC's multi-level
     #: compression), which a low-rank compressor cannot give.
     needs_multilevel = False

@@ -27,10 +27,10 @@ from ..throughput import ThroughputTable
 from .base import DENSE, Controller, Decision, StepObservation, bounded_history
 
 #: The rule set ``GraVAC()`` uses when none is given: the predictive one (``predictive.py``).
-#: On the adaptivity benchmark's communication-bound CNN it reached dense accuracy as soon as
-#: the best static CF in hindsight, where the ladder took four times as long; on the
-#: character LSTM, where only static Top-k 10x reaches dense perplexity, no rule set does
-#: (docs/benchmarks.md).  ``variant="paper"`` is Algorithm 1 exactly as published.
+#: On the adaptivity benchmark's communication-bound CNN it reached dense accuracy in 0.79x
+#: the time of the best static CF over three seeds; on the character LSTM, where only static
+#: Top-k 10x keeps dense perplexity, its coherence hold keeps it at 10x (docs/benchmarks.md).
+#: ``variant="paper"`` is Algorithm 1 exactly as published.
 DEFAULT_VARIANT = "predictive"
 
 #: GraVAC's rule sets: Algorithm 1 as published, the ladder, the delivered gain.
@@ -48,6 +48,12 @@ DEFAULT_EPSILON = {"paper": 0.7, "ladder": 0.7, "delivered": 0.9, "predictive": 
 #: The scaling policy when none is given.
 DEFAULT_POLICY = {"paper": "exponential", "ladder": "exponential", "delivered": "exponential",
                   "predictive": "geometric"}
+
+#: coherence_max when none is given ("predictive" only; ``coherence.py``): above it, the
+#: gradient is signal-rich enough that compressing beyond theta_min costs accuracy.  On the
+#: adaptivity benchmark, window means of the character LSTM read 0.17-0.86, the 1D CNN's at
+#: most 0.14 (``coherence.py``).
+DEFAULT_COHERENCE_MAX = 0.15
 
 
 def _check_int(value, name: str, low: int) -> int:
@@ -88,6 +94,10 @@ class GraVAC(Controller):
             before the rung above it is tried (>= 0).
         split_rungs: ``"ladder"`` only: measure CFs between two rungs of the policy when the
             candidate fails epsilon (off by default).
+        coherence_max: ``"predictive"`` only: hold theta_min while the gradient coherence (the
+            cosine of a rank's consecutive gradients, ``coherence.py``), averaged over the
+            last window, is above this (let go below 0.8 times it), in (0, 1]; None:
+            ``DEFAULT_COHERENCE_MAX`` (0.15); 1.0 turns the hold off.
 
     Every rule set takes every setting (they are one signature and one ``config()``), and
     reads those it names.
@@ -129,7 +139,7 @@ class GraVAC(Controller):
                  omega: float = 0.01, window: int = 500, policy=None,
                  ewma_alpha: Optional[float] = None, batch_size: Optional[int] = None,
                  variant: Optional[str] = None, remeasure_windows: int = 4, hold_windows: int = 1,
-                 split_rungs: bool = False):
+                 split_rungs: bool = False, coherence_max: Optional[float] = None):
         super().__init__()
         if not self.variant:
             raise TypeError(f"{type(self).__name__} subclasses GraVAC without a rule set: subclass "
@@ -162,6 +172,12 @@ class GraVAC(Controller):
             raise ValueError(f"ewma_alpha must be in (0, 1] or None, got {ewma_alpha!r}")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        if coherence_max is None:
+            coherence_max = DEFAULT_COHERENCE_MAX
+        if isinstance(coherence_max, bool) or not isinstance(coherence_max, (int, float)) \
+                or math.isnan(coherence_max) or not (0.0 < coherence_max <= 1.0):
+            raise ValueError(f"coherence_max must be in (0, 1] or None, got {coherence_max!r}")
+        self.coherence_max = float(coherence_max)
         self.epsilon = float(epsilon)
         self.omega = float(omega)
         self.policy = make_policy(DEFAULT_POLICY.get(variant, "exponential") if policy is None else policy)
@@ -196,7 +212,7 @@ class GraVAC(Controller):
                 "policy": repr(self.policy), "ewma_alpha": self.ewma_alpha,
                 "batch_size": self.batch_size, "variant": self.variant,
                 "remeasure_windows": self.remeasure_windows, "hold_windows": self.hold_windows,
-                "split_rungs": self.split_rungs}
+                "split_rungs": self.split_rungs, "coherence_max": self.coherence_max}
 
     @property
     def gain_min(self) -> Optional[float]:

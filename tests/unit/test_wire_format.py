@@ -100,10 +100,11 @@ def test_sum_of_colliding_rows_is_deterministic_and_switch_is_restored(monkeypat
 def test_step_stats_round_trip_in_wire_order():
     """StepStats names the positions of the statistics vector that rides with the carrier."""
     s = wire.StepStats(ef_sq=1.0, min_sq=2.0, candidate_sq=3.0, grad_sq=4.0, accumulated_sq=5.0,
-                       window_dot=6.0, window_sent_sq=7.0, nonfinite=1.0)
+                       window_dot=6.0, window_sent_sq=7.0, nonfinite=1.0, lag_dot=8.0, lag_now_sq=9.0,
+                       lag_prev_sq=10.0)
     t = s.to_tensor()
-    assert t.dtype == torch.float64 and t.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 1.0]
-    assert wire.N_STATS == 8 and wire.StepStats.from_tensor(t) == s
+    assert t.dtype == torch.float64 and t.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 1.0, 8.0, 9.0, 10.0]
+    assert wire.N_STATS == 11 and wire.StepStats.from_tensor(t) == s
 
 
 # -- float64 payloads and the dtype the wire says it carries --------------------------------

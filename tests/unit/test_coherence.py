@@ -1,0 +1,173 @@
+"""Gradient coherence (``coherence.py``) and the predictive rule set's hold on it."""
+import math
+
+import pytest
+import torch
+
+from horovod_gravac.coherence import SAMPLE_MAX, CoherenceSampler, coherence, mean_coherence, sample_stride
+from horovod_gravac.controllers import GraVAC, StepObservation
+
+
+def test_sample_stride_keeps_at_most_sample_max_coordinates():
+    assert sample_stride(10) == 1 and sample_stride(SAMPLE_MAX) == 1
+    for numel in (SAMPLE_MAX + 1, 1_438_026, 6_553_600):
+        assert torch.zeros(numel)[::sample_stride(numel)].numel() <= SAMPLE_MAX
+
+
+def _sums(sampler, grads, scale=1.0, key=0):
+    """Feed ``grads`` through error feedback's arithmetic (g_ef = residual * scale + g, then a
+    residual left behind) and return each step's cosine."""
+    residual, out = None, []
+    for g in grads:
+        before = sampler.before(residual, g.numel())
+        g_ef = (residual * scale if residual is not None else torch.zeros_like(g)) + g * scale
+        out.append(coherence(*sampler.measure(key, g_ef, before, scale).tolist()))
+        residual = g_ef / scale * 0.7   # what was not sent (any residual: it must cancel out)
+    return out
+
+
+@pytest.mark.parametrize("scale", [1.0, 1024.0])
+def test_the_cosine_of_consecutive_raw_gradients_whatever_the_residual(scale):
+    gen = torch.Generator().manual_seed(0)
+    signal = torch.randn(200_000, generator=gen)
+    grads = [signal + 0.5 * torch.randn(200_000, generator=gen) for _ in range(4)]
+    got = _sums(CoherenceSampler(), grads, scale)
+    assert got[0] is None   # nothing to compare on a bucket's first step
+    for t in range(1, 4):
+        a, b = grads[t][::sample_stride(200_000)], grads[t - 1][::sample_stride(200_000)]
+        want = float(a.double().dot(b.double()) / (a.double().norm() * b.double().norm()))
+        assert got[t] == pytest.approx(want, abs=1e-5)
+    assert 0.75 < got[-1] < 0.85   # signal share 1 / (1 + 0.25)
+
+
+def test_noise_reads_near_zero_and_signal_near_one():
+    gen = torch.Generator().manual_seed(1)
+    noise = _sums(CoherenceSampler(), [torch.randn(100_000, generator=gen) for _ in range(5)])
+    same = torch.randn(100_000, generator=gen)
+    signal = _sums(CoherenceSampler(), [same.clone() for _ in range(5)])
+    assert all(abs(c) < 0.02 for c in noise[1:])
+    assert all(c == pytest.approx(1.0) for c in signal[1:])
+
+
+def test_a_bucket_that_changes_size_starts_again():
+    sampler = CoherenceSampler()
+    sampler.measure(0, torch.ones(100), None, 1.0)
+    assert sampler.measure(0, torch.ones(50), None, 1.0).tolist() == [0.0, 0.0, 0.0]
+    assert sampler.before(torch.ones(100), 50) is None   # a residual of another layout
+
+
+def test_coherence_and_its_mean_skip_what_has_no_value():
+    assert coherence(0.0, 0.0, 1.0) is None and coherence(math.nan, 1.0, 1.0) is None
+    assert coherence(1.0, 4.0, 1.0) == pytest.approx(0.5)
+    assert mean_coherence([None, 0.2, 0.4]) == pytest.approx(0.3) and mean_coherence([None]) is None
+
+
+# -- the predictive rule set's hold -------------------------------------------------------
+def _observe(ctrl, steps, coherence_value, gain=0.999):
+    """Communication-bound steps (comm 1 s x 10 / CF) whose window gain would let it climb."""
+    sent = []
+    for _ in range(steps):
+        cf = ctrl.decision.send_cf
+        sent.append(cf)
+        at_check = ctrl.interval_ends_at(ctrl.step + 1)
+        sums = dict(accumulated_sq=1.0, window_sent_sq=1.0, window_dot=math.sqrt(gain)) if at_check else {}
+        ctrl.observe(StepObservation(ef_sq=1.0, min_sq=0.9, candidate_sq=0.9, step_time=0.025 + 1.0 / cf,
+                                     samples=2.0, comm_time=1.0 / cf, coherence=coherence_value, **sums))
+    return sent
+
+
+def test_a_signal_rich_gradient_holds_theta_min_and_a_noisy_one_climbs():
+    rich = GraVAC(window=100)
+    assert rich.coherence_max == 0.15 and rich.needs_coherence and rich.config()["coherence_max"] == 0.15
+    sent = _observe(rich, 200, coherence_value=0.3)
+    assert set(sent) == {10.0}
+    assert {h["move"] for h in rich.history} == {"hold"} and rich.coherence == pytest.approx(0.3)
+    assert len(rich.history) == 200 // 25   # held: checked again after a probe interval, not a window
+    noisy = GraVAC(window=100)
+    sent = _observe(noisy, 50, coherence_value=0.05)
+    assert max(sent) > 10.0 and noisy.history[0]["move"] == "up"
+
+
+def test_the_hold_brings_a_climbed_cf_back_to_theta_min_and_lets_go_when_the_noise_returns():
+    ctrl = GraVAC(window=100)
+    _observe(ctrl, 25, coherence_value=0.05)
+    assert ctrl.decision.send_cf > 10.0 and not ctrl.holding
+    _observe(ctrl, 25, coherence_value=0.5)   # the window's mean: (25 x 0.05 + 25 x 0.5) / 50
+    assert ctrl.decision.send_cf == 10.0 and ctrl.history[-1]["move"] == "hold" and ctrl.holding
+    sent = _observe(ctrl, 125, coherence_value=0.05)
+    assert ctrl.holding is False and max(sent) > 10.0   # let go once the window's mean fell below 0.12
+    assert set(sent[:75]) == {10.0}   # (the mean first falls below 0.12 at the check of step 150)
+    assert ctrl.coherence == pytest.approx(0.05)
+
+
+def test_the_hold_has_hysteresis_between_0_8_and_1_times_coherence_max():
+    """A window mean of 0.13 (between 0.12 and 0.15) keeps whatever state the hold is in: a
+    held run stays held, a free one stays free."""
+    held = GraVAC(window=100)
+    assert held.holding   # it starts held
+    assert set(_observe(held, 100, coherence_value=0.13)) == {10.0} and held.holding
+    free = GraVAC(window=100)
+    _observe(free, 25, coherence_value=0.05)
+    _observe(free, 175, coherence_value=0.13)
+    assert not free.holding and free.decision.send_cf > 10.0
+
+
+def test_no_coherence_measured_does_not_hold_and_coherence_max_1_turns_the_hold_off():
+    ctrl = GraVAC(window=100)
+    assert max(_observe(ctrl, 50, coherence_value=None)) > 10.0
+    off = GraVAC(window=100, coherence_max=1.0)
+    assert not off.needs_coherence and max(_observe(off, 50, coherence_value=0.9)) > 10.0
+
+
+@pytest.mark.parametrize("bad", [0, -0.1, 1.5, math.nan, True, "0.2"])
+def test_a_bad_coherence_max_is_refused(bad):
+    with pytest.raises(ValueError, match="coherence_max"):
+        GraVAC(coherence_max=bad)
+
+
+def test_the_hold_survives_a_checkpoint():
+    ctrl = GraVAC(window=100)
+    _observe(ctrl, 10, coherence_value=0.4)
+    copy = GraVAC(window=100)
+    copy.load_state_dict(ctrl.state_dict())
+    _observe(ctrl, 15, coherence_value=0.0)
+    _observe(copy, 15, coherence_value=0.0)
+    # the window's mean (10 x 0.4 + 15 x 0) / 25 = 0.16 keeps both held
+    assert ctrl.history[-1]["move"] == copy.history[-1]["move"] == "hold"
+    assert ctrl.coherence == copy.coherence == pytest.approx(0.16)
+
+
+@pytest.mark.parametrize("variant,accepted", [("ladder", True), ("paper", True), ("predictive", False)])
+def test_a_checkpoint_from_before_coherence_max(variant, accepted):
+    """A state written before ``coherence_max`` existed: the rule sets that do not read it
+    resume as before; "predictive", which held nothing then, is told that it differs."""
+    from horovod_gravac.checkpoint import CheckpointError, check_compatible, describe
+    now = GraVAC(variant=variant).config()
+    before = {k: v for k, v in now.items() if k != "coherence_max"}
+    meta = lambda config: describe(config, "TopK", 2, 0, [("w", (3,), "torch.float32")])   # noqa: E731
+    if accepted:
+        check_compatible(meta(before), meta(now))
+    else:
+        with pytest.raises(CheckpointError, match="coherence_max"):
+            check_compatible(meta(before), meta(now))
+        check_compatible(meta(before), meta(GraVAC(variant=variant, coherence_max=1.0).config()))
+
+
+def test_the_samples_survive_a_checkpoint_and_a_resumed_step_reads_the_same_coherence():
+    gen = torch.Generator().manual_seed(3)
+    grads = [torch.randn(100_000, generator=gen) for _ in range(2)]
+    first = CoherenceSampler()
+    first.measure("a|b", grads[0], None, 1.0)
+    resumed = CoherenceSampler()
+    resumed.load_state_dict(first.state_dict())
+    assert torch.equal(resumed.measure("a|b", grads[1], None, 1.0), first.measure("a|b", grads[1], None, 1.0))
+    fresh = CoherenceSampler()
+    fresh.load_state_dict({})   # a state written before the samples were saved
+    assert fresh.measure("a|b", grads[1], None, 1.0).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_retarget_drops_this_ranks_samples():
+    from horovod_gravac.checkpoint import retarget
+    state = {"residuals": {}, "residual_crc32": {}, "coherence_samples": {"w": torch.ones(3)}, "meta": None,
+             "controller": None, "step": 0}
+    assert retarget(state, rank=1)["coherence_samples"] == {}
