@@ -97,7 +97,6 @@ def make_hook(name: str, steps: int, window: int, model_bytes: int):
     """``(state, hook, bucket_cap_mb)`` for ``register_comm_hook``; hook None: DDP's default."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    import horovod_gravac as hg
     if name == "allreduce":
         return None, None, None
     if name == "fp16":
@@ -108,13 +107,23 @@ def make_hook(name: str, steps: int, window: int, model_bytes: int):
                                             random_seed=0)
         # One bucket: with DDP's default buckets the hook hangs under Gloo (module docstring).
         return state, powerSGD_hook.powerSGD_hook, 2 * model_bytes / 2 ** 20 + 1
+    return package_hook(name, window) + (None,)
+
+
+def package_hook(name: str, window: int):
+    """``(state, hook)`` of this package's hook for ``topk<CF>``, ``accordion`` (10x/1000x) or
+    ``gravac`` (the default ``GraVAC()``), with Top-k; ``window``: GraVAC's window and
+    Accordion's interval."""
+    import horovod_gravac as hg
     if name.startswith("topk"):
         controller = hg.StaticCF(float(name[4:]))
     elif name == "accordion":
         controller = hg.Accordion(low_cf=10, high_cf=1000, interval=window)
-    else:
+    elif name == "gravac":
         controller = hg.GraVAC(window=window)
-    return hg.ddp.GravacState(None, compressor=hg.TopKCompressor, controller=controller), hg.ddp.gravac_hook, None
+    else:
+        raise ValueError(f"not one of this package's hooks: {name!r}")
+    return hg.ddp.GravacState(None, compressor=hg.TopKCompressor, controller=controller), hg.ddp.gravac_hook
 
 
 def rank_main(args) -> int:

@@ -71,17 +71,11 @@ def make_hook(name: str, window: int):
         return (powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=4,
                                             start_powerSGD_iter=2, min_compression_rate=2, random_seed=0),
                 powerSGD_hook.powerSGD_hook)
-    kwargs = {}
     if name in ("hg-dense", "hg-fp16"):
-        controller = hg.Dense()
-        kwargs["compression"] = "fp16" if name == "hg-fp16" else "none"
-    elif name.startswith("topk"):
-        controller = hg.StaticCF(float(name[4:]))
-    elif name == "accordion":
-        controller = hg.Accordion(low_cf=10, high_cf=1000, interval=window)
-    else:
-        controller = hg.GraVAC(window=window)
-    return hg.ddp.GravacState(None, compressor=hg.TopKCompressor, controller=controller, **kwargs), hg.ddp.gravac_hook
+        return (hg.ddp.GravacState(None, controller=hg.Dense(), compression="fp16" if name == "hg-fp16" else "none"),
+                hg.ddp.gravac_hook)
+    from benchmarks.ddp_hooks import package_hook
+    return package_hook(name, window)
 
 
 def time_config(name: str, args, device, dist) -> dict:
