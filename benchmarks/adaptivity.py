@@ -125,11 +125,9 @@ for _variant in VARIANTS:
 #: The configuration ``GraVAC()`` is: the goals are judged for it.
 DEFAULT_GRAVAC = f"gravac-{DEFAULT_VARIANT}"
 
-# What runs at which rate: every rule set on the slow link, where compression matters; the
-# default and the predictive rule set on the fast one (where they must not cost time against
-# Top-k 10x).
+# What runs at which rate: every rule set on both links.
 ADAPTIVE_AT = {"100mbit": [f"gravac-{v}" for v in VARIANTS],
-               "1gbit": sorted({DEFAULT_GRAVAC, "gravac-predictive"})}
+               "1gbit": [f"gravac-{v}" for v in VARIANTS]}
 
 
 def adaptive_at(workload: str, rate: str) -> List[str]:
