@@ -78,6 +78,16 @@ def make_hook(name: str, window: int):
     return package_hook(name, window)
 
 
+def one_rank_group(backend: str) -> None:
+    """A process group of this process alone (DDP runs its comm hook at world size 1 too).
+    It meets through a file, as tests/integration/test_ddp.py's does: no port to find free."""
+    import tempfile
+
+    import torch.distributed as dist
+    init = "file://" + os.path.join(tempfile.mkdtemp(), "rendezvous")
+    dist.init_process_group(backend, init_method=init, rank=0, world_size=1)
+
+
 def time_config(name: str, args, device, dist) -> dict:
     import torch
     import torch.nn.functional as F
@@ -154,11 +164,7 @@ def main(argv=None) -> int:
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend)
     else:
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        one_rank_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.device == "cuda":
         local = int(os.environ.get("LOCAL_RANK", 0))

@@ -45,12 +45,7 @@ class StepRecord:
     def norms(self) -> torch.Tensor:
         """The step's squared norms so far, summed over buckets, on the CPU (one copy back
         per device the buckets live on)."""
-        return _sum_parts(self._norm_parts)
-
-    @property
-    def lag(self) -> torch.Tensor:
-        """The step's coherence sums so far, summed over buckets, on the CPU."""
-        return _sum_parts(self._lag_parts)
+        return _sums_on_host(self._norm_parts)[0]
 
     def add_transfer(self, transfer) -> None:
         """A finished transfer's counts (and the carried statistics, if it had them)."""
@@ -66,9 +61,9 @@ class StepRecord:
                     window_sent_sq: float = 0.0) -> StepStats:
         """This rank's statistics (unscaled by the loss scale), sent with the carrier."""
         s2 = scale * scale
-        n = self.norms
-        lag = self.lag.tolist() if self._lag_parts else (0.0, 0.0, 0.0)
-        return StepStats(ef_sq=float(n[0]) / s2, min_sq=float(n[1]) / s2, candidate_sq=float(n[2]) / s2,
+        # both sums in one copy back and one read
+        n, lag = _sums_on_host(self._norm_parts, self._lag_parts).tolist()
+        return StepStats(ef_sq=n[0] / s2, min_sq=n[1] / s2, candidate_sq=n[2] / s2,
                          grad_sq=self.grad_sq / s2, accumulated_sq=accumulated_sq,
                          window_dot=window_dot, window_sent_sq=window_sent_sq,
                          nonfinite=float(self.nonfinite > 0),
@@ -87,12 +82,15 @@ class StepRecord:
                 "quality": sum(self.quality) / len(self.quality) if self.quality else None}
 
 
-def _sum_parts(parts: List[torch.Tensor]) -> torch.Tensor:
-    """Three per-bucket sums added up on the CPU (one copy back per device)."""
-    total = torch.zeros(3, dtype=torch.float64)
+def _sums_on_host(*part_lists: List[torch.Tensor]) -> torch.Tensor:
+    """For each list of per-bucket 3-vectors, their sum, as one row of a float64 CPU tensor;
+    one copy back per device the parts live on, whatever the number of lists."""
+    totals = torch.zeros(len(part_lists), 3, dtype=torch.float64)
     by_device = {}
-    for part in parts:
-        by_device.setdefault(part.device, []).append(part)
-    for group in by_device.values():
-        total += torch.stack(group).sum(0).double().cpu()
-    return total
+    for i, parts in enumerate(part_lists):
+        for part in parts:
+            by_device.setdefault(part.device, [[] for _ in part_lists])[i].append(part)
+    for device, groups in by_device.items():
+        totals += torch.stack([torch.stack(g).sum(0).double() if g else
+                               torch.zeros(3, dtype=torch.float64, device=device) for g in groups]).cpu()
+    return totals

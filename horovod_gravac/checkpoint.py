@@ -291,8 +291,6 @@ def _has_zip_end(path: str, size: int) -> bool:
 # GraVAC settings added after checkpoints were first written, with the value that reproduces
 # how a controller behaved before the setting existed: a checkpoint without one compares as if
 # it held that value.
-# coherence_max: "predictive" held nothing before it (1.0); the other rule sets do not read it
-# and store the default.
 _GRAVAC_SETTINGS_ADDED = {"split_rungs": False}
 
 
@@ -301,6 +299,8 @@ def _normalise(field, value):
         return [(n, tuple(s), str(d)) for n, s, d in value]
     if field == "controller" and isinstance(value, dict) and value.get("type") == "GraVAC":
         from .controllers.gravac import DEFAULT_COHERENCE_MAX
+        # coherence_max: "predictive" held nothing before it (1.0); the other rule sets do not
+        # read it and store the default.
         added = {**_GRAVAC_SETTINGS_ADDED,
                  "coherence_max": 1.0 if value.get("variant") == "predictive" else DEFAULT_COHERENCE_MAX}
         return {**added, **value}

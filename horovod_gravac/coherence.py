@@ -89,10 +89,6 @@ class CoherenceSampler:
         """The samples of a checkpoint (a state without them: start afresh, as on a first step)."""
         self._previous = {str(k): v.detach().clone() for k, v in (state or {}).items()}
 
-    def forget(self) -> None:
-        """Drop every sample."""
-        self._previous.clear()
-
 
 def coherence(dot: float, now_sq: float, prev_sq: float) -> Optional[float]:
     """The cosine of the (rank-averaged) sums; None when a step has nothing to compare."""

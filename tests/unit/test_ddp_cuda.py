@@ -7,8 +7,6 @@ adaptive controller failed on its first check with "No backend type associated w
 type cpu".  Run with ``pytest -m cuda tests/unit/test_ddp_cuda.py`` or
 ``bash scripts/gpu_check.sh``.
 """
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -25,11 +23,9 @@ STEPS = 12
 
 @pytest.fixture(scope="module")
 def nccl_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from benchmarks.ddp_step_cost import one_rank_group
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    one_rank_group("nccl")
     yield
     dist.destroy_process_group()
 
