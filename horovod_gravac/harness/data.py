@@ -57,7 +57,7 @@ __all__ = ["DatasetNotFound", "ImageData", "TextCorpus", "load_cifar", "load_dig
            "FeatureData", "FEATURE_DATASETS", "hash_context_features", "pydoc_paragraphs",
            "load_pydoc_chars", "load_feature_dataset"]
 
-IMAGE_DATASETS = ("cifar10", "cifar100", "digits", "shapes")
+IMAGE_DATASETS = ("cifar10", "cifar100", "digits", "shapes", "waves")
 TEXT_DATASETS = ("ptb", "pydoc", "stdlib-chars")
 FEATURE_DATASETS = ("pydoc-chars",)
 
@@ -246,6 +246,9 @@ def load_image_dataset(name: str, path: Optional[str] = None) -> ImageData:
     if name == "shapes":
         from .synthetic import shapes_data
         return shapes_data()
+    if name == "waves":
+        from .synthetic import waves_data
+        return waves_data()
     if name in ("cifar10", "cifar100"):
         if not path:
             expected = CIFAR10_FILES if name == "cifar10" else CIFAR100_FILES

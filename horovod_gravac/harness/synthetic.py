@@ -9,6 +9,12 @@ hundredth of a point, not by a quarter as the 360 digits of the 8x8 set do.
 * ``stdlib-chars``: characters of the Python standard library's own sources (which ship with
   every Python), for next-character prediction: the modules listed in ``STDLIB_MODULES``,
   split by module into training and test text.
+* ``waves``: noisy 1D signals of 64 samples in ten classes (sine, square and sawtooth waves,
+  each slow or fast; rising and falling chirps; bursts of pulses; an amplitude-modulated
+  tone), with random amplitude, phase, offset, trend, a weak distractor tone and Gaussian
+  noise.  Slow waves have 2-4.5 cycles, fast ones 5-8, and the noise blurs that border, so
+  the task keeps rewarding training: a 1D CNN reaches about 95 %, not 100 %.  50,000 training and 10,000
+  test signals, drawn from fixed seeds in well under a second.
 """
 from __future__ import annotations
 
@@ -135,6 +141,59 @@ def shapes_data():
     mean, std = f.mean(dim=(0, 2, 3)), f.std(dim=(0, 2, 3))
     return ImageData("shapes", train_x, train_y, test_x, test_y, len(SHAPES), mean=mean, std=std,
                      augment=False, class_names=list(SHAPES))
+
+
+# ----------------------------------------------------------------------------- 1D signals
+WAVES = ("sine-slow", "sine-fast", "square-slow", "square-fast", "saw-slow", "saw-fast",
+         "chirp-up", "chirp-down", "pulses", "am-tone")
+WAVES_LENGTH = 64
+WAVES_TRAIN, WAVES_TEST = 50_000, 10_000
+#: The noise's standard deviation is drawn per signal from this range (amplitudes are 0.5-1.5).
+WAVES_NOISE = (0.1, 0.5)
+
+
+def make_waves(n: int, seed: int, length: int = WAVES_LENGTH) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``n`` signals (float32, N x 1 x 8 x 8: a 64-sample sequence stored as an 8x8 image,
+    which is how the harness's ``cnn1d`` reads digits) and labels; a pure function of ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+
+    def u(*shape):
+        return torch.rand(*shape, generator=g)
+
+    y = torch.randint(0, len(WAVES), (n,), generator=g)
+    t = torch.arange(length, dtype=torch.float32).div(length).expand(n, length)
+    phase = 2 * math.pi * u(n, 1)
+    # Even classes are slow (2-4.5 cycles), odd ones fast (5-8).
+    freq = torch.where((y % 2 == 0).view(-1, 1), 2 + 2.5 * u(n, 1), 5 + 3 * u(n, 1))
+    angle = 2 * math.pi * freq * t + phase
+    sine = torch.sin(angle)
+    square = torch.sign(sine)
+    saw = 2 * torch.remainder(angle / (2 * math.pi), 1.0) - 1
+    f0, f1 = 1.5 + u(n, 1), 6 + 2 * u(n, 1)
+    chirp_up = torch.sin(2 * math.pi * (f0 * t + 0.5 * (f1 - f0) * t * t) + phase)
+    chirp_down = torch.sin(2 * math.pi * (f1 * t - 0.5 * (f1 - f0) * t * t) + phase)
+    centres, width = u(n, 3), 0.02 + 0.03 * u(n, 1)
+    pulses = 2 * torch.exp(-0.5 * ((t.unsqueeze(1) - centres.unsqueeze(2)) / width.unsqueeze(2)) ** 2).sum(1) - 0.5
+    am_tone = (torch.sin(2 * math.pi * (6 + 4 * u(n, 1)) * t + phase)
+               * torch.sin(math.pi * (0.5 + u(n, 1)) * t + 2 * math.pi * u(n, 1)))
+    kinds = torch.stack([sine, sine, square, square, saw, saw, chirp_up, chirp_down, pulses, am_tone], 1)
+    x = kinds[torch.arange(n), y] * (0.5 + u(n, 1))                    # amplitude 0.5-1.5
+    x = x + (u(n, 1) - 0.5) + (u(n, 1) - 0.5) * (t - 0.5)              # offset and trend
+    x = x + 0.3 * torch.sin(2 * math.pi * (1 + 9 * u(n, 1)) * t + 2 * math.pi * u(n, 1))   # distractor
+    sigma = WAVES_NOISE[0] + (WAVES_NOISE[1] - WAVES_NOISE[0]) * u(n, 1)
+    x = x + sigma * torch.randn(n, length, generator=g)
+    return x.view(n, 1, 8, length // 8).contiguous(), y
+
+
+def waves_data():
+    """The ``waves`` data set as the harness's ``ImageData`` (float, scaled by the training
+    signals' standard deviation)."""
+    from .data import ImageData
+    train_x, train_y = make_waves(WAVES_TRAIN, seed=1)
+    test_x, test_y = make_waves(WAVES_TEST, seed=2)
+    scale = train_x.std()
+    return ImageData("waves", train_x / scale, train_y, test_x / scale, test_y, len(WAVES),
+                     augment=False, class_names=list(WAVES))
 
 
 # ----------------------------------------------------------------------------- text

@@ -98,6 +98,12 @@ PRESETS: Dict[str, Dict[str, Any]] = {
                           weight_decay=1e-4, lr_milestones="900", steps=1200, eval_every=100, width=16,
                           blocks="1,1,1,1", head_hidden=2048, bucket_cap_mb=0.5, compressor="topk", theta_min=10.0,
                           theta_max=1000.0, window=100, omega=0.01, epsilon=0.7, policy="exponential"),
+    # * ten classes of noisy 1D signals (50k/10k), read by the VGG-like 1D CNN of cnn1d-digits
+    #   (1.4M parameters, one dense bucket), lr x0.1 after 900 of 1200 steps.
+    "cnn1d-waves": dict(model="cnn1d", dataset="waves", batch_size=32, lr=0.05, momentum=0.9,
+                        weight_decay=1e-4, lr_milestones="900", steps=1200, eval_every=50, width=64,
+                        compressor="topk", theta_min=10.0, theta_max=1000.0, window=100,
+                        omega=0.01, epsilon=0.7, policy="exponential"),
     "stdlib-charlstm": dict(model="tinylstm", dataset="stdlib-chars", batch_size=20, bptt=35, lr=0.2,
                             momentum=0.9, weight_decay=0.0, lr_milestones="900", steps=1200, eval_every=100,
                             width=256, dropout=0.0, eval_batch_size=100, clip_norm=1.0, compressor="topk",

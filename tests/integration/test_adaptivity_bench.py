@@ -253,3 +253,17 @@ def test_over_seeds_takes_medians_and_counts_a_seed_that_misses_as_not_reaching(
     per_seed[1] = seed(98, [90, 98], [90, 98], [90, 90])
     g = next(r for r in A.over_seeds(per_seed) if r["config"] == "gravac-predictive")
     assert g["reached"] == 2 and g["tta_s"] is None
+
+
+def test_adaptive_flag_trains_only_the_named_rule_sets(monkeypatch, tmp_path):
+    made = []
+    monkeypatch.setattr(A, "run", lambda w, flags, run_dir, rate, *a, **k: made.append(run_dir))
+    assert A.main(["--workloads", "cnn1d-waves", "--out", str(tmp_path), "--adaptive", "gravac-predictive"]) == 0
+    adaptive = sorted({d.split("/")[-1] for d in made if "/gravac-" in d})
+    assert adaptive == ["gravac-predictive"]
+    for rate in A.RATES:   # at every rate, with the fixed and timing runs as usual
+        assert any(d.endswith(f"/{rate}/gravac-predictive") for d in made)
+        assert any(d.endswith(f"/{rate}/__timing__dense") for d in made)
+    assert any(d.endswith("/full/topk-cf1000") for d in made)
+    with pytest.raises(SystemExit):
+        A.main(["--out", str(tmp_path), "--adaptive", "topk-cf10"])

@@ -56,3 +56,52 @@ def test_stdlib_characters_are_enough_text():
     assert float((corpus.train == 0).float().mean()) < 1e-3   # almost every character is kept
     text = "".join(synthetic.CHARS[i] for i in corpus.train[:200].tolist())
     assert "import" in text or "def " in text or '"""' in text
+
+
+def test_waves_are_a_pure_function_of_the_seed():
+    a_x, a_y = synthetic.make_waves(500, seed=7)
+    b_x, b_y = synthetic.make_waves(500, seed=7)
+    c_x, _ = synthetic.make_waves(500, seed=8)
+    assert torch.equal(a_x, b_x) and torch.equal(a_y, b_y)
+    assert not torch.equal(a_x, c_x)
+    assert a_x.dtype == torch.float32 and a_x.shape == (500, 1, 8, 8)
+    assert bool(torch.isfinite(a_x).all())
+    counts = torch.bincount(a_y, minlength=len(synthetic.WAVES))
+    assert counts.min() >= 25, counts   # every class drawn (about 50 each)
+
+
+def test_wave_classes_differ_where_they_should():
+    """Without noise, a slow and a fast sine differ in their zero crossings, and the class
+    means differ from each other: the labels carry information a model can learn."""
+    x, y = synthetic.make_waves(4000, seed=3)
+    seq = x.view(len(x), -1)
+    centred = seq - seq.mean(dim=1, keepdim=True)
+    crossings = (centred[:, 1:] * centred[:, :-1] < 0).sum(1).float()
+    slow, fast = crossings[y == 0].mean(), crossings[y == 1].mean()   # sine-slow, sine-fast
+    assert fast > slow + 2, (float(slow), float(fast))
+    spectra = torch.fft.rfft(centred, dim=1).abs()
+    profile = torch.stack([spectra[y == k].mean(0) for k in range(len(synthetic.WAVES))])
+    for i in range(len(synthetic.WAVES)):
+        for j in range(i + 1, len(synthetic.WAVES)):
+            assert (profile[i] - profile[j]).abs().sum() > 1.0, (synthetic.WAVES[i], synthetic.WAVES[j])
+
+
+def test_waves_data_set_is_large_and_scaled():
+    ds = load_image_dataset("waves")
+    assert ds.train_x.shape[0] >= 20_000 and ds.test_x.shape[0] >= 5_000 and ds.num_classes == 10
+    assert abs(float(ds.train_x.std()) - 1.0) < 1e-3
+    x = ds.prepare(ds.train_x[:8], train=True)
+    assert torch.equal(x, ds.train_x[:8])   # float storage: used as stored
+    assert ds.in_channels == 1 and ds.image_size == 8    # cnn1d reads 64 samples
+
+
+def test_waves_preset_is_the_one_bucket_1d_cnn():
+    from horovod_gravac.harness import train as T
+    from horovod_gravac.harness.models import build_model
+    args = T.resolve_args(["--preset", "cnn1d-waves"])
+    assert (args.model, args.dataset, args.steps, args.window) == ("cnn1d", "waves", 1200, 100)
+    ds = load_image_dataset("waves")
+    model = build_model(args.model, ds.num_classes, width=args.width, in_channels=ds.in_channels,
+                        image_size=ds.image_size)
+    assert 1.3e6 < sum(p.numel() for p in model.parameters()) < 1.5e6
+    assert model(ds.test_x[:4]).shape == (4, 10)
