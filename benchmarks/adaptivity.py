@@ -602,8 +602,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if only and not only <= set(CONFIGS):
         p.error(f"unknown configuration in --only: {sorted(only - set(CONFIGS))}")
     adaptive = [n for n in args.adaptive.split(",") if n] if args.adaptive else None
-    if adaptive and not set(adaptive) <= {n for n, (kind, _) in CONFIGS.items() if kind == "adaptive"}:
-        p.error(f"--adaptive takes GraVAC configurations: {', '.join(n for n in CONFIGS if n.startswith('gravac-'))}")
+    gravac_configs = [n for n, (kind, _) in CONFIGS.items() if kind == "adaptive"]
+    if adaptive and not set(adaptive) <= set(gravac_configs):
+        p.error(f"--adaptive takes GraVAC configurations: {', '.join(gravac_configs)}")
     if not args.report_only:
         for w in workloads:
             steps, every = WORKLOADS[w]["steps"], WORKLOADS[w]["eval_every"]
@@ -626,7 +627,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         for name, (kind, flags) in CONFIGS.items():
                             if kind == "fixed":
                                 run(w, flags, rd(w, "full", name), rate, args.np, steps, every, args.timeout, args.seed)
-                for name in (adaptive or adaptive_at(w, rate) if not only else
+                for name in ((adaptive or adaptive_at(w, rate)) if not only else
                              sorted(n for n in only if CONFIGS[n][0] == "adaptive")):
                     run(w, CONFIGS[name][1], rd(w, rate, name), rate, args.np, steps, every, args.timeout, args.seed)
 
