@@ -29,8 +29,10 @@ How time is measured.  Dense, static CFs and Accordion decide nothing from time:
 arithmetic (and so their accuracy curve) is the same at every link speed.  Each of them is
 trained once in full (at the first rate) and timed at every rate with a short run of the same
 configuration; its training time there is the sum, over the full run's steps, of the measured
-median step time at that rate for the CF that step sent (Accordion mixes two CFs, timed by
-the static runs at those CFs).  So the full runs may share the machine with other work; the
+mean step time at that rate for the CF that step sent (Accordion mixes two CFs, timed by
+the static runs at those CFs).  The mean, because an adaptive run's time is the sum of its own
+step periods: a sum of n periods is n times their mean, and the periods are skewed to the
+slow side (the median of a short run read 4-6 % under its mean on this machine).  So the full runs may share the machine with other work; the
 short timing runs and the adaptive runs are the ones to run on a quiet machine.  GraVAC reads measured step times, so every
 GraVAC configuration is trained in full at every rate.  A short run of Top-k 10x on the
 static path, on Accordion pinned at 10x and on GraVAC pinned at 10x (theta 10-10), at every
@@ -214,6 +216,11 @@ def median_step(run_: dict) -> float:
     return statistics.median(step_periods(run_)[WARMUP:])
 
 
+def mean_step(run_: dict) -> float:
+    """The mean step period after the warm-up: what one step adds to a sum of periods."""
+    return statistics.fmean(step_periods(run_)[WARMUP:])
+
+
 def comm_share(run_: dict) -> float:
     """Communication's median share of a step (after the warm-up steps)."""
     return statistics.median(s["comm_time"] / s["iter_time"] for s in run_["steps"][WARMUP:]
@@ -261,7 +268,7 @@ def curve(run_: dict, step_seconds=None) -> List[float]:
 
 def analyse(workload: str, rate: str, runs: Dict[str, dict], timings: Optional[Dict[str, float]],
             args) -> List[dict]:
-    """One row per configuration.  ``timings`` (median seconds per step by CF at this rate)
+    """One row per configuration.  ``timings`` (mean seconds per step by CF at this rate)
     times the fixed configurations' steps when they were trained at another rate; None
     uses their own measured step times."""
     metric = WORKLOADS[workload]["metric"]
@@ -468,13 +475,13 @@ def collect(out: str, workloads: Sequence[str], rates: Sequence[str], only: Opti
             rounds = {n: path_rounds(w, rate, n) for n in PATHS}
             timings = {}
             if rounds["static"]:   # Top-k 10x: its same-payload runs, the median over their rounds
-                timings["topk-cf10"] = statistics.median(median_step(r) for r in rounds["static"])
+                timings["topk-cf10"] = statistics.median(mean_step(r) for r in rounds["static"])
             for name in TIMED_CFS:
                 if name == "topk-cf10":
                     continue   # timed by its same-payload runs, above
                 r = load_run(rd(w, rate, f"__timing__{name}"))
                 if r:
-                    timings[name] = median_step(r)
+                    timings[name] = mean_step(r)
             row = path_row(w, rate, rounds)
             if row is not None:
                 path_rows.append(row)
