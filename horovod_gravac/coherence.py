@@ -21,12 +21,13 @@ that ride with the step's others (``wire.StepStats``).
 On the adaptivity benchmark, the default's windows (``windows.csv``, column ``coherence``:
 the mean over the last window's steps at each check, 2 ranks, three seeds):
 - the character LSTM read 0.17-0.86 (median 0.31-0.34);
-- the 1D CNN read at most 0.14 in its first 150 steps and at most 0.13 after (median
-  0.03-0.06).
+- the 1D CNN on digits read at most 0.14 in its first 150 steps and at most 0.13 after
+  (median 0.03-0.06);
+- the 1D CNN on signals read up to 0.22 in its first 300 steps and at most 0.12 after.
 
-Only static Top-k 10x keeps the LSTM's perplexity.  The CNN holds dense accuracy at
-100-640x.  ``GraVAC(variant="predictive")`` holds theta_min while the coherence is high
-(``controllers/predictive.py``).
+Only static Top-k 10x keeps the LSTM's perplexity.  The CNNs hold dense accuracy at
+100-320x.  ``GraVAC(variant="predictive")`` holds theta_min while the coherence is high
+(``controllers/predictive.py``: above 0.2, until it falls below 0.12).
 """
 from __future__ import annotations
 

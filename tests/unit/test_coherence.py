@@ -78,7 +78,7 @@ def _observe(ctrl, steps, coherence_value, gain=0.999):
 
 def test_a_signal_rich_gradient_holds_theta_min_and_a_noisy_one_climbs():
     rich = GraVAC(window=100)
-    assert rich.coherence_max == 0.15 and rich.needs_coherence and rich.config()["coherence_max"] == 0.15
+    assert rich.coherence_max == 0.2 and rich.needs_coherence and rich.config()["coherence_max"] == 0.2
     sent = _observe(rich, 200, coherence_value=0.3)
     assert set(sent) == {10.0}
     assert {h["move"] for h in rich.history} == {"hold"} and rich.coherence == pytest.approx(0.3)
@@ -100,15 +100,15 @@ def test_the_hold_brings_a_climbed_cf_back_to_theta_min_and_lets_go_when_the_noi
     assert ctrl.coherence == pytest.approx(0.05)
 
 
-def test_the_hold_has_hysteresis_between_0_8_and_1_times_coherence_max():
-    """A window mean of 0.13 (between 0.12 and 0.15) keeps whatever state the hold is in: a
-    held run stays held, a free one stays free."""
+def test_the_hold_has_hysteresis_between_0_6_and_1_times_coherence_max():
+    """A window mean of 0.17 (between 0.12 and 0.2: the signals CNN's early windows) keeps
+    whatever state the hold is in: a held run stays held, a free one stays free."""
     held = GraVAC(window=100)
     assert held.holding   # it starts held
-    assert set(_observe(held, 100, coherence_value=0.13)) == {10.0} and held.holding
+    assert set(_observe(held, 100, coherence_value=0.17)) == {10.0} and held.holding
     free = GraVAC(window=100)
     _observe(free, 25, coherence_value=0.05)
-    _observe(free, 175, coherence_value=0.13)
+    _observe(free, 175, coherence_value=0.17)
     assert not free.holding and free.decision.send_cf > 10.0
 
 

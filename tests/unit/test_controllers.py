@@ -234,13 +234,13 @@ def test_ladder_keeps_the_highest_cf_that_passes():
 
 
 def test_gravac_defaults_to_predictive_and_keeps_algorithm_1_as_paper():
-    """GraVAC() is the predictive rule set (DEFAULT_VARIANT, epsilon 0.95 on the delivered gain,
+    """GraVAC() is the predictive rule set (DEFAULT_VARIANT, epsilon 0.9 on the delivered gain,
     a geometric ladder).  The ladder, on the issue's trace, ends sending the highest CF that
     passes epsilon, where variant="paper" (Algorithm 1 as published) sends theta_min."""
     from horovod_gravac.controllers import DEFAULT_VARIANT, PredictiveGraVAC
     from horovod_gravac.harness import train as T
     assert DEFAULT_VARIANT == "predictive" and isinstance(GraVAC(), PredictiveGraVAC)
-    assert GraVAC().epsilon == 0.95 and GraVAC().config()["policy"] == "Geometric(ratio=2)"
+    assert GraVAC().epsilon == 0.9 and GraVAC().config()["policy"] == "Geometric(ratio=2)"
     assert T.resolve_args(["--out", "x"]).variant == DEFAULT_VARIANT   # the harness follows it
     default = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0, variant="ladder")
     paper = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=20, ewma_alpha=1.0, variant="paper")
@@ -648,7 +648,7 @@ def test_epsilon_defaults_to_the_variants_own_value():
     explicit epsilon is always kept, and what was used is what config() reports."""
     from horovod_gravac.controllers import DEFAULT_EPSILON
     assert GraVAC(variant="paper").epsilon == 0.7 and GraVAC(variant="ladder").epsilon == 0.7
-    assert GraVAC().epsilon == 0.95 == DEFAULT_EPSILON["predictive"]
+    assert GraVAC().epsilon == 0.9 == DEFAULT_EPSILON["predictive"]
     assert GraVAC(variant="delivered").epsilon == 0.9 == DEFAULT_EPSILON["delivered"]
     assert GraVAC(variant="delivered", epsilon=0.7).epsilon == 0.7
     assert GraVAC(variant="delivered").config()["epsilon"] == 0.9
@@ -657,7 +657,7 @@ def test_epsilon_defaults_to_the_variants_own_value():
 def test_harness_gives_delivered_its_epsilon_unless_one_is_asked_for():
     from horovod_gravac.harness import train as T
     base = ["--out", "x", "--controller", "gravac"]
-    assert T.resolve_args(base).epsilon == 0.95   # the default rule set, predictive
+    assert T.resolve_args(base).epsilon == 0.9   # the default rule set, predictive
     assert T.resolve_args(base + ["--variant", "ladder"]).epsilon == 0.7
     assert T.resolve_args(base + ["--variant", "delivered"]).epsilon == 0.9
     assert T.resolve_args(base + ["--variant", "delivered", "--epsilon", "0.8"]).epsilon == 0.8

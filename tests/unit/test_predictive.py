@@ -38,7 +38,7 @@ def test_fit_comm_model_recovers_latency_and_volume():
 
 def test_variant_builds_the_rule_set_with_its_own_epsilon():
     ctrl = GraVAC(variant="predictive", window=100)
-    assert isinstance(ctrl, PredictiveGraVAC) and ctrl.epsilon == 0.95
+    assert isinstance(ctrl, PredictiveGraVAC) and ctrl.epsilon == 0.9
     assert ctrl.config()["variant"] == "predictive" and ctrl.config()["type"] == "GraVAC"
     assert not ctrl.needs_multilevel and ctrl.tracks_delivery and ctrl.needs_accumulation
     assert ctrl.decision.send_cf == 10.0   # the first CF is sent from the first step
@@ -79,6 +79,39 @@ def test_a_failed_trial_steps_down_after_a_short_interval_and_waits_before_a_ret
     sent = drive(ctrl, 25 + 100 * 3, gains.get, lambda cf: 1.0 / cf)
     assert 160.0 not in sent[:25 + 100]
     assert ctrl.decision.send_cf in (40.0, 160.0)
+
+
+def test_a_trial_must_pass_epsilon_and_a_kept_cf_fails_only_below_epsilon_squared():
+    """Gains are given as a full window reads them; a quarter-window interval reads four times
+    the loss (``judged_gain`` scales it back)."""
+    def climb_to_40(trial_gain):
+        ctrl = GraVAC(variant="predictive", window=100, coherence_max=1.0, epsilon=0.95)
+        full = {10.0: 0.99, 40.0: trial_gain}
+        reads = lambda cf: 1 - 4 * (1 - full[cf]) if ctrl._next_check - ctrl._interval_start < 100 else full[cf]  # noqa: E731
+        drive(ctrl, 25, reads, lambda cf: 1.0 / cf)
+        # 10x's loss 0.01 predicts 40x at 0.96 and 80x at 0.92: 40x
+        assert ctrl.decision.send_cf == 40.0 and ctrl.history[-1]["move"] == "up"
+        drive(ctrl, 25, reads, lambda cf: 1.0 / cf)
+        return ctrl, full, reads
+
+    ctrl, _, _ = climb_to_40(trial_gain=0.92)   # a trial at 0.92 fails epsilon
+    assert ctrl.history[-1]["move"] == "down" and ctrl.history[-1]["threshold"] == 0.95
+    assert ctrl.decision.send_cf == 20.0
+
+    ctrl, full, reads = climb_to_40(trial_gain=0.96)   # passed: kept at 40x
+    assert ctrl.history[-1]["move"] == "stay" and ctrl.decision.send_cf == 40.0
+    assert ctrl.keep_epsilon == pytest.approx(0.9025) and GraVAC().keep_epsilon == pytest.approx(0.81)
+    full[40.0] = 0.92   # a later window reads 0.92: kept
+    drive(ctrl, 100, reads, lambda cf: 1.0 / cf)
+    assert ctrl.history[-1]["move"] == "stay" and ctrl.history[-1]["threshold"] == pytest.approx(0.9025)
+    assert ctrl.decision.send_cf == 40.0
+    full[40.0] = 0.89   # below epsilon squared: fails, one rung down
+    drive(ctrl, 100, reads, lambda cf: 1.0 / cf)
+    assert ctrl.history[-1]["move"] == "down" and ctrl.decision.send_cf == 20.0
+    assert ctrl.kept == {10.0}   # 40x failed; 20x has not passed anything yet
+    full[20.0] = 0.99
+    drive(ctrl, 25, reads, lambda cf: 1.0 / cf)   # stepped down to, never passed: a trial
+    assert ctrl.history[-1]["threshold"] == 0.95 and ctrl.kept == {10.0, 20.0}
 
 
 def test_compute_bound_stays_at_the_first_cf():
