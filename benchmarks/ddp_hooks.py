@@ -11,8 +11,10 @@
 
 Run from the repository root (as root, for benchmarks/netem.py's network namespaces)::
 
-    python -m benchmarks.ddp_hooks                       # cnn1d-long, 1gbit and 100mbit, seeds 42-44
-    python -m benchmarks.ddp_hooks --seeds 42            # one seed (about 20 minutes on 2 cores)
+    python -m benchmarks.ddp_hooks                       # cnn1d-waves, 1gbit and 100mbit, seeds 42-44
+    python -m benchmarks.ddp_hooks --seeds 42            # one seed (about 20 minutes on 2 cores with
+                                                         # --hooks allreduce fp16 powersgd1 powersgd2
+                                                         # powersgd4 topk100 accordion gravac)
     python -m benchmarks.ddp_hooks --report-only         # re-analyse the runs on disk
     python -m benchmarks.ddp_hooks --quick               # a smoke: 60 steps, three hooks
 
@@ -21,7 +23,7 @@ trained with ``torch.nn.parallel.DistributedDataParallel`` and ``torch.optim.SGD
 the Horovod optimizer.  Time is measured as in ``benchmarks/adaptivity.py``: a hook whose
 arithmetic does not depend on time (all but GraVAC) is trained once in full, at the first
 rate, and timed at every rate by a short run; its training time at a rate is the sum, over
-the full run's steps, of the median step time at that rate of what that step sent (allreduce
+the full run's steps, of the mean step time at that rate of what that step sent (allreduce
 before ``start_powerSGD_iter``; Accordion's Top-k at the CF of each step).  GraVAC reads step
 times, so it is trained in full at every rate and its own step times are summed.
 
@@ -277,10 +279,12 @@ def load(path: str) -> Optional[dict]:
         return json.load(f)
 
 
-def median_step(record: Optional[dict]) -> Optional[float]:
+def mean_step(record: Optional[dict]) -> Optional[float]:
+    """A timing run's mean step after the warm-up: GraVAC's time is the sum of its own steps,
+    n times their mean (the median reads a few % under it: step times skew slow)."""
     if not record or "failed" in record:
         return None
-    return statistics.median(s["time"] for s in record["steps"][WARMUP:] or record["steps"])
+    return statistics.fmean(s["time"] for s in record["steps"][WARMUP:] or record["steps"])
 
 
 def step_kind(hook: str, index: int, step: dict, start_psgd: Optional[int]) -> str:
@@ -304,7 +308,7 @@ def analyse_seed(args, seed: int) -> List[dict]:
     target = final - TOLERANCE_PP / 100 if metric == "accuracy" else final * (1 + TOLERANCE_PPL)
     reached = (lambda v: v >= target) if metric == "accuracy" else (lambda v: v <= target)
     for rate in args.rate:
-        timing = {k: median_step(load(os.path.join(runs, f"time-{k}-{rate}.json"))) for k in TIMED}
+        timing = {k: mean_step(load(os.path.join(runs, f"time-{k}-{rate}.json"))) for k in TIMED}
         for hook in args.hooks:
             rec = load(run_path(args, seed, hook, rate))
             row = {"seed": seed, "rate": rate, "hook": hook, "builtin": hook in BUILTIN}
@@ -422,7 +426,7 @@ def write_outputs(rows: List[dict], args) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", action="append", help=f"emulated link per rank, repeatable (default: {', '.join(RATES)})")
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="cnn1d-long")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="cnn1d-waves")
     p.add_argument("--hooks", nargs="+", choices=HOOKS, default=list(HOOKS))
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the workload's)")
     p.add_argument("--timing-steps", type=int, default=TIMING_STEPS)
