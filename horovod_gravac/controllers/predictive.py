@@ -98,7 +98,6 @@ since: judged against ``keep_epsilon`` rather than epsilon)."""
     RETRY_BACKOFF_MAX = 8
 
     def _start_rule_set(self) -> None:
-        self.kept: set = set()   # CFs that passed a trial and have not failed since (judged by keep_epsilon)
         self.needs_coherence = self.coherence_max < 1.0
         self.coherence: Optional[float] = None   # the mean over the last window's steps, at the last check
         self.holding = self.needs_coherence      # held at theta_min by the coherence
@@ -148,6 +147,11 @@ since: judged against ``keep_epsilon`` rather than epsilon)."""
 
     #: The hold lets go below this share of ``coherence_max`` (hysteresis): 0.12 at the default 0.2.
     RELEASE = 0.6
+
+    @property
+    def kept(self) -> set:
+        """The CFs whose last check passed: measured (``delivered_gain``) and not failed since."""
+        return {cf for cf in self.delivered_gain if cf not in self._failures}
 
     @property
     def keep_epsilon(self) -> float:
@@ -245,14 +249,12 @@ since: judged against ``keep_epsilon`` rather than epsilon)."""
                 send, move = self.theta_min0, "retry"
         elif gain < threshold:
             self.delivered_gain[sent] = gain
-            self.kept.discard(sent)
             self._failed(sent)
             below = [cf for cf in self.rungs if cf < sent and not self._blocked(cf)]
             send, move = (below[-1], "down") if below else (DENSE, "dense")
         else:
             self.delivered_gain[sent] = gain
             self._failures.pop(sent, None)
-            self.kept.add(sent)
             if signal_rich:
                 send, move = self.theta_min0, "hold"
             else:
@@ -275,8 +277,7 @@ since: judged against ``keep_epsilon`` rather than epsilon)."""
                       "next_check": self._next_check, "interval_start": self._interval_start, "checks": self._checks,
                       "retry_at": dict(self._retry_at), "failures": dict(self._failures),
                       "interval": list(self._interval), "coherence": self.coherence,
-                      "holding": self.holding, "coherence_steps": list(self._coherence_steps),
-                      "kept": sorted(self.kept)})
+                      "holding": self.holding, "coherence_steps": list(self._coherence_steps)})
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -293,4 +294,3 @@ since: judged against ``keep_epsilon`` rather than epsilon)."""
         self.coherence = state.get("coherence")
         self.holding = bool(state.get("holding", self.needs_coherence))
         self._coherence_steps = deque(state.get("coherence_steps", []), maxlen=self.window)
-        self.kept = {float(cf) for cf in state.get("kept", [])}
