@@ -32,8 +32,9 @@ configuration; its training time there is the sum, over the full run's steps, of
 mean step time at that rate for the CF that step sent (Accordion mixes two CFs, timed by
 the static runs at those CFs).  The mean, because an adaptive run's time is the sum of its own
 step periods: a sum of n periods is n times their mean, and the periods are skewed to the
-slow side (the median of a short run read 4-6 % under its mean on this machine).  So the full runs may share the machine with other work; the
-short timing runs and the adaptive runs are the ones to run on a quiet machine.  GraVAC reads measured step times, so every
+slow side (the median of a short run read 4-6 % under its mean on this machine).  So the
+full runs may share the machine with other work; the short timing runs and the adaptive
+runs are the ones to run on a quiet machine.  GraVAC reads measured step times, so every
 GraVAC configuration is trained in full at every rate.  A short run of Top-k 10x on the
 static path, on Accordion pinned at 10x and on GraVAC pinned at 10x (theta 10-10), at every
 rate, checks that every path costs the same for the same payload.
