@@ -267,6 +267,14 @@ def curve(run_: dict, step_seconds=None) -> List[float]:
     return out
 
 
+def first_at_target(run_: dict, times: List[float], target: float, metric: str) -> Tuple[Optional[int], Optional[float]]:
+    """The step of the run's first evaluation at ``target`` and the training time to it
+    (``times``: :func:`curve`); (None, None) if it never got there."""
+    step = next((e["step"] for e, v in zip(run_["evals"], score(run_["evals"], metric))
+                 if reached(v, target, metric)), None)
+    return (step, times[step - 1]) if step else (None, None)
+
+
 def analyse(workload: str, rate: str, runs: Dict[str, dict], timings: Optional[Dict[str, float]],
             args) -> List[dict]:
     """One row per configuration.  ``timings`` (mean seconds per step by CF at this rate)
@@ -293,7 +301,7 @@ def analyse(workload: str, rate: str, runs: Dict[str, dict], timings: Optional[D
             # than judged (a NaN time made "never slower than Accordion" read as failed).
             continue
         scores = score(run_["evals"], metric)
-        tta = next((times[e["step"] - 1] for e, v in zip(run_["evals"], scores) if reached(v, target, metric)), None)
+        tta = first_at_target(run_, times, target, metric)[1]
         floats = sum(s.get("floats_sent") or 0 for s in run_["steps"])
         dense_floats = sum(s.get("dense_floats") or 0 for s in run_["steps"])
         cfs = [float(s.get("cf") or 1.0) for s in run_["steps"]]

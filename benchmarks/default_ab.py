@@ -46,16 +46,19 @@ DEFAULT_OUT = os.path.join(HERE, "results", "default_ab")
 CONFIG = f"gravac-{DEFAULT_VARIANT}"
 
 
+def short_sha(rev: str) -> str:
+    return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", rev], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
 @contextlib.contextmanager
-def revision_tree(rev: str):
-    """A detached worktree of ``rev`` in a temporary directory, removed afterwards."""
-    sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", rev], check=True, capture_output=True,
-                         text=True).stdout.strip()
+def revision_tree(sha: str):
+    """A detached worktree of ``sha`` in a temporary directory, removed afterwards."""
     path = tempfile.mkdtemp(prefix=f"default_ab-{sha}-")
     subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "--force", path, sha], check=True,
                    capture_output=True)
     try:
-        yield sha, path
+        yield path
     finally:
         subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", path], capture_output=True)
 
@@ -89,19 +92,17 @@ def recorded_target(workload: str, rate: str) -> Optional[float]:
     return None
 
 
+#: The configuration's lowest CF (its ``--theta-min``).
+THETA_MIN = float(A.CONFIGS[CONFIG][1][A.CONFIGS[CONFIG][1].index("--theta-min") + 1])
+
+
 def summarise(run_: dict, workload: str, target: float) -> dict:
     metric = A.WORKLOADS[workload]["metric"]
-    times = A.curve(run_)
-    scores = A.score(run_["evals"], metric)
-    hit = next((e["step"] for e, v in zip(run_["evals"], scores) if A.reached(v, target, metric)), None)
+    step, tta = A.first_at_target(run_, A.curve(run_), target, metric)
     cfs = [float(s.get("cf") or 1.0) for s in run_["steps"]]
-    return {"steps_to_target": hit, "tta_s": times[hit - 1] if hit else None, "final": scores[-1],
-            "mean_step_ms": 1000 * A.mean_step(run_), "theta_min_steps": sum(c == min(cfs) for c in cfs),
+    return {"steps_to_target": step, "tta_s": tta, "final": A.score(run_["evals"], metric)[-1],
+            "mean_step_ms": 1000 * A.mean_step(run_), "theta_min_steps": sum(c == THETA_MIN for c in cfs),
             "median_cf": statistics.median(cfs)}
-
-
-def fmt(v, spec=".1f") -> str:
-    return "-" if v is None else format(v, spec)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -133,20 +134,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     def run_dir(w, side, seed):
         return os.path.join(runs_dir, w, args.rate, f"{side}-{seed}")
 
-    with revision_tree(args.against) as (sha, rev_path):
-        sides = [(sha, rev_path), ("this", ROOT)]
-        if not args.report_only:
+    sha = short_sha(args.against)
+    sides = [sha, "this"]
+    if not args.report_only:   # (the runs on disk need no checkout)
+        with revision_tree(sha) as rev_path:
+            trees = {sha: rev_path, "this": ROOT}
             for w in workloads:
                 steps, every = A.WORKLOADS[w]["steps"], A.WORKLOADS[w]["eval_every"]
                 for seed in seeds:
-                    for side, tree in sides:
-                        with source(tree):
+                    for side in sides:
+                        with source(trees[side]):
                             A.run(w, flags, run_dir(w, side, seed), args.rate, 2, steps, every, args.timeout, seed)
 
     rows = []
     for w in workloads:
         for seed in seeds:
-            for side, _ in sides:
+            for side in sides:
                 r = A.load_run(run_dir(w, side, seed))
                 if r is not None:
                     rows.append({"workload": w, "rate": args.rate, "seed": seed, "tree": side,
@@ -160,13 +163,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     for w in workloads:
         sel = [r for r in rows if r["workload"] == w]
         md += [f"## {w}: target {targets[w]:.2f}", "",
-               A.md_table(["seed", "tree", "step at target", "TTA s", "mean step ms", f"steps at theta_min",
+               A.md_table(["seed", "tree", "step at target", "TTA s", "mean step ms", "steps at theta_min",
                            "median CF", "final"],
-                          [[r["seed"], r["tree"], fmt(r["steps_to_target"], "d"), fmt(r["tta_s"]),
-                            fmt(r["mean_step_ms"], ".0f"), r["theta_min_steps"], fmt(r["median_cf"], "g"),
-                            fmt(r["final"], ".2f")] for r in sel]), ""]
+                          [[r["seed"], r["tree"], A.fmt(r["steps_to_target"], "d"), A.fmt(r["tta_s"], ".1f"),
+                            A.fmt(r["mean_step_ms"], ".0f"), r["theta_min_steps"], A.fmt(r["median_cf"], "g"),
+                            A.fmt(r["final"], ".2f")] for r in sel]), ""]
         med = {}
-        for side, _ in sides:
+        for side in sides:
             tta = [r["tta_s"] for r in sel if r["tree"] == side]
             med[side] = statistics.median(tta) if tta and None not in tta else None
         if med.get("this") and med.get(sha):

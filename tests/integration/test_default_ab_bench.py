@@ -22,6 +22,18 @@ def test_a_run_is_summarised_by_its_first_evaluation_at_the_target():
     assert s["theta_min_steps"] == 2 and s["median_cf"] == 160 and s["final"] == pytest.approx(99.5)
     missed = D.summarise(r, "cnn1d-long", 99.9)
     assert missed["steps_to_target"] is None and missed["tta_s"] is None
+    with_dense = D.summarise(fake_run([1, 10, 10] + [160] * 5, [90, 99], every=4), "cnn1d-long", 98.94)
+    assert with_dense["theta_min_steps"] == 2   # theta_min is the configuration's 10x, not a dense step
+
+
+def test_report_only_summarises_the_runs_on_disk_without_a_checkout(monkeypatch, tmp_path):
+    def no_checkout(sha):
+        raise AssertionError("--report-only checked a revision out")
+    monkeypatch.setattr(D, "revision_tree", no_checkout)
+    monkeypatch.setattr(A, "run", lambda *a, **k: pytest.fail("--report-only trained"))
+    assert D.main(["--against", "HEAD", "--workloads", "cnn1d-long", "--seeds", "42", "--target", "99",
+                   "--out", str(tmp_path), "--report-only"]) == 0
+    assert (tmp_path / "results.md").exists()
 
 
 def test_each_seed_runs_the_revision_then_this_checkout_each_from_its_own_tree(monkeypatch, tmp_path):
