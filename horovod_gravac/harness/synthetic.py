@@ -25,6 +25,8 @@ from typing import List, Tuple
 
 import torch
 
+from .images import ImageData
+
 SHAPES = ("disc", "ring", "square", "frame", "triangle", "cross", "x", "diamond", "hbar", "vbar")
 SHAPES_SIZE = 16
 SHAPES_TRAIN, SHAPES_TEST = 50_000, 10_000
@@ -135,7 +137,6 @@ def _cached_shapes() -> Tuple[torch.Tensor, ...]:
 def shapes_data():
     """The ``shapes`` data set as the harness's ``ImageData`` (channel statistics from the
     training images)."""
-    from .data import ImageData
     train_x, train_y, test_x, test_y = _cached_shapes()
     f = train_x[:5000].float().div_(255)
     mean, std = f.mean(dim=(0, 2, 3)), f.std(dim=(0, 2, 3))
@@ -188,7 +189,6 @@ def make_waves(n: int, seed: int, length: int = WAVES_LENGTH) -> Tuple[torch.Ten
 def waves_data():
     """The ``waves`` data set as the harness's ``ImageData`` (float, scaled by the training
     signals' standard deviation)."""
-    from .data import ImageData
     train_x, train_y = make_waves(WAVES_TRAIN, seed=1)
     test_x, test_y = make_waves(WAVES_TEST, seed=2)
     scale = train_x.std()

@@ -83,6 +83,42 @@ def test_benchmarks_are_a_package_without_path_hacks_or_import_cycles():
     assert not cycles, {m: graph[m] for m in cycles}
 
 
+def _harness_graph():
+    """module -> the other harness modules it imports, counting imports inside functions."""
+    harness = PKG / "harness"
+    graph = {}
+    for path in sorted(harness.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        graph[path.stem] = {n.split(".")[2] for n in _imports(path)
+                            if n.startswith("horovod_gravac.harness.") and (harness / f"{n.split('.')[2]}.py").exists()
+                            } - {path.stem}
+    return graph
+
+
+def test_harness_modules_import_in_a_cycle_free_order():
+    """No two harness modules import each other, even lazily inside a function (data and
+    synthetic did: ImageData lives in images, which both import); each imports in a fresh
+    interpreter after exactly the modules it needs, in the order the graph gives."""
+    import graphlib
+    graph = _harness_graph()
+    assert {"data", "images", "synthetic", "train"} <= set(graph)
+    assert "data" not in graph["synthetic"] and "images" in graph["synthetic"] and "images" in graph["data"]
+    try:
+        order = list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as e:
+        raise AssertionError(f"import cycle among the harness modules: {e.args[1]}") from None
+    pytest.importorskip("torch")
+    code = ("import importlib, sys\n"
+            f"for m in {order!r}:\n"
+            "    importlib.import_module('horovod_gravac.harness.' + m)\n"
+            "print('imported', len(sys.modules) > 0)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=str(ROOT), env=env)
+    assert p.returncode == 0 and "imported True" in p.stdout, p.stderr[-2000:]
+
+
 def test_cf_schedule_changes_the_static_cf_at_its_steps():
     """``--cf-schedule 40@0,10@3``: 40x for steps 0-2, then 10x (the step index a decision is
     for is the controller's step count after observing the one before)."""
