@@ -37,8 +37,8 @@ nothing waits early.
   A NaN/Inf on any rank reaches every rank (``nonfinite="propagate"``), so the scaler
   skips the step on all of them.
 
-``state.stats`` after each step reads like ``DistributedOptimizer.stats``
-(docs/API_CONTRACT.md); ``state.state_dict()`` / ``state.load_state_dict()`` save and check
+``state.stats`` after each step reads like ``DistributedOptimizer.stats`` (the keys are in
+docs/architecture.md, "What a step reports"); ``state.state_dict()`` / ``state.load_state_dict()`` save and check
 the controller, the step index and this rank's residuals (``checkpoint.py``).
 """
 import itertools
@@ -58,12 +58,13 @@ from .controllers import Controller, Dense
 from .ddp_backend import DDPBackend
 from .encoder import BucketEncoder, EncoderSettings
 from .error_feedback import ErrorFeedback, IntervalSum, finite_tensor
+from .exchange import CommModel, Waits, check_link, check_mode
 from .lowrank import PowerSGDState
 from .options import NONFINITE_POLICIES, compressor_factory, reference_compressor
 from .pipeline import BucketPipeline
 from .transfers import Link
 
-__all__ = ["GravacState", "gravac_hook", "WIRES"]
+__all__ = ["GravacState", "gravac_hook", "AllRanks", "WIRES"]
 
 
 class _Wire:
@@ -126,7 +127,10 @@ class GravacState:
 
     Args:
         process_group: the group to reduce in (``None``: the default group), as for
-            DDP's own hooks.
+            DDP's own hooks.  It is resolved at the hook's first call (or the first
+            ``state_dict()`` / ``load_state_dict()``), so the state can be built before
+            ``torch.distributed.init_process_group`` (as Lightning's ``DDPStrategy(
+            ddp_comm_state=...)`` needs, and as PyTorch's ``PowerSGDState`` allows).
         compressor: a compressor class such as ``hg.TopKCompressor`` (default), an
             instance whose settings are reused at every CF, or a callable ``cf -> compressor``.
         controller: ``hg.Dense()`` (default), ``hg.StaticCF(cf)``, ``hg.GraVAC(...)`` or
@@ -140,12 +144,19 @@ class GravacState:
             ``horovod_gravac.DistributedOptimizer``'s.
         check_consistency: compare the ranks' settings at the first step (one object
             allgather), failing on every rank with the difference named.
+        exchange, link: how compressed buckets cross the ranks, as
+            ``horovod_gravac.DistributedOptimizer``'s (``"auto"``: by modelled cost, dense
+            included; ``"allgather"``: the paper's path; ``"sparse_allreduce"``).
+
+    The arguments are checked here; what needs the group (its backend, the world size,
+    the ranks' agreement on the settings) at the first step.
     """
 
     def __init__(self, process_group=None, compressor=None, controller: Optional[Controller] = None, *,
                  compression: str = "none", named_parameters=None, momentum_correction: Optional[float] = None,
                  local_clip_norm: Optional[float] = None, nonfinite: str = "propagate", grad_scaler=None,
-                 timeout_s: Optional[float] = None, check_consistency: bool = True):
+                 timeout_s: Optional[float] = None, check_consistency: bool = True,
+                 exchange: str = "auto", link=None):
         controller = Dense() if controller is None else controller
         if not isinstance(controller, Controller):
             raise ValueError(f"controller must be a horovod_gravac controller "
@@ -161,6 +172,7 @@ class GravacState:
                                             and callable(getattr(grad_scaler, "is_enabled", None))):
             raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {grad_scaler!r}")
         self.timeout = resolve_timeout(timeout_s)
+        self.exchange_mode, self.link_model = check_mode(exchange), check_link(link)
         self.factory = compressor_factory(compressor)
         self.reference = reference_compressor(self.factory, controller)
         self.controller = controller
@@ -170,8 +182,6 @@ class GravacState:
         self.settings = {"momentum_correction": momentum_correction, "local_clip_norm": local_clip_norm,
                          "nonfinite": nonfinite}
         self.process_group = process_group
-        self.backend = DDPBackend(process_group, self.timeout)
-        self.link = Link(self.backend, True, 1.0, self.backend.size(), self.timeout)
         n = next(_states_built)
         self.prefix = "ddp" if n == 0 else f"ddp{n}"
         self._names: Dict[int, str] = {id(p): name for name, p in (named_parameters or [])}
@@ -181,15 +191,16 @@ class GravacState:
         self.interval = IntervalSum(controller.needs_accumulation, controller.tracks_delivery, undoable)
         self.powersgd = PowerSGDState(self.memory)
         self.shared_seed = self.reference.step_seeded
-        wire = WIRES[compression]
-        settings = EncoderSettings(wire, nonfinite, local_clip_norm, join_safe=False,
-                                   pair_exchange=bool(check_consistency), fp16_wire=WIRES["fp16"])
-        self.encoder = BucketEncoder(self.link, settings, controller=controller, memory=self.memory,
-                                     powersgd=self.powersgd, compressor_factory=self.factory, prefix=self.prefix)
         self.step_buckets = _StepBuckets()
-        self.pipeline = BucketPipeline(self.step_buckets, self.encoder, self.memory, self.interval, controller)
-        controller.set_world_size(self.link.world)
-        self.exchange = make_exchange(controller, self.prefix, self.timeout, self.backend, False, self.shared_seed)
+        # The group, its backend and world size, and what sends through them: resolved by
+        # _connect() at the first hook call (or the first state_dict / load_state_dict), so
+        # the state can be built before torch.distributed is initialized, as PyTorch's
+        # PowerSGDState(process_group=None) can (Lightning initializes it inside fit()).
+        self.backend: Optional[DDPBackend] = None
+        self.link: Optional[Link] = None
+        self.encoder: Optional[BucketEncoder] = None
+        self.pipeline: Optional[BucketPipeline] = None
+        self.exchange = None
         self.layout: Dict[int, _DDPBucket] = {}   # DDP's bucket index -> our bucket
         self.step_index = 0
         self._started = False      # the first step's checks and state sync ran
@@ -202,9 +213,32 @@ class GravacState:
         self._carried: Optional[tuple] = None       # state by name of buckets DDP re-made this step
         self.stats: Dict[str, object] = {}
         self.last_collectives: Tuple[tuple, ...] = ()
+        self._waits = Waits()   # this rank's waits for its transfers (comm_model.measured)
+
+    # -- the group --------------------------------------------------------------------------
+    def _connect(self) -> None:
+        """Resolve the process group (``None``: the default group as it is now), its
+        backend and world size, and build the encoder, the pipeline and the controller's
+        exchange on them.  Once; the settings are compared across ranks at the first step."""
+        if self.backend is not None:
+            return
+        backend = DDPBackend(self.process_group, self.timeout)   # raises if torch.distributed is not initialized
+        link = Link(backend, True, 1.0, backend.size(), self.timeout)
+        s = self.settings
+        settings = EncoderSettings(WIRES[self.compression], s["nonfinite"], s["local_clip_norm"], join_safe=False,
+                                   pair_exchange=bool(self.check_consistency), fp16_wire=WIRES["fp16"],
+                                   exchange=self.exchange_mode, link=self.link_model)
+        self.encoder = BucketEncoder(link, settings, controller=self.controller, memory=self.memory,
+                                     powersgd=self.powersgd, compressor_factory=self.factory, prefix=self.prefix)
+        self.pipeline = BucketPipeline(self.step_buckets, self.encoder, self.memory, self.interval, self.controller)
+        self.controller.set_world_size(link.world)
+        self.exchange = make_exchange(self.controller, self.prefix, self.timeout, backend, False, self.shared_seed)
+        self.backend, self.link = backend, link
 
     # -- one bucket -------------------------------------------------------------------------
     def _hook(self, grad_bucket) -> torch.futures.Future:
+        if self.backend is None:
+            self._connect()   # outside the try: nothing of a step to abandon yet
         try:
             return self._run(grad_bucket)
         except BaseException:
@@ -256,6 +290,8 @@ class GravacState:
         stats = record.summary(self.step_index, ctrl.decision, sum(b.numel for b in steps), step_time,
                                comm_time, skipped)
         self.last_collectives = tuple(record.collectives)
+        if not skipped:
+            self._waits.observe(stats["transfers"], stats["cf"], comm_time)
         observe_step(self.exchange, ctrl, record.step_stats, step_time, self.link.world, record.at_boundary,
                      skipped, stats, comm_time)
         self.stats = stats
@@ -338,9 +374,11 @@ class GravacState:
     def _settings_of_rank(self) -> dict:
         return {"prefix": self.prefix, "controller": self.controller.config(),
                 "compressor": repr(self.reference), "compression": self.compression,
-                "grad_scaler": self.grad_scaler is not None, **self.settings}
+                "grad_scaler": self.grad_scaler is not None, **self.settings,
+                "exchange": (self.exchange_mode, repr(self.link_model))}
 
     def _meta(self) -> dict:
+        self._connect()
         layout = [(b_name, tuple(p.shape), str(p.dtype))
                   for b in self._buckets() for b_name, p in zip(b.names, b.params)]
         return checkpoint.describe(self.controller.config(), repr(self.factory(10.0)), self.link.world,
@@ -374,9 +412,99 @@ class GravacState:
         state, self._pending_load = self._pending_load, None
         checkpoint.check_compatible(state.get("meta"), self._meta())
 
+    def metrics(self, prefix: str = "gravac/") -> Dict[str, float]:
+        """The numbers of :attr:`stats` as floats keyed ``prefix + key`` (strings and
+        ``None`` left out, booleans as 0/1): what a logger takes, e.g. Lightning's
+        ``self.log_dict(state.metrics())`` or Accelerate's ``accelerator.log(state.metrics(),
+        step=...)``.  Empty before the first step."""
+        return {prefix + key: float(value) for key, value in self.stats.items() if isinstance(value, (int, float))}
+
+    @property
+    def comm_model(self) -> CommModel:
+        """As ``DistributedOptimizer.comm_model``: the modelled communication of a step at
+        this world size, for each CF and for dense (the buckets DDP has handed over so far)."""
+        if self.encoder is None:
+            self._connect()
+        return self.encoder.comm_model(self.reference, self._buckets(), self._waits)
+
     @property
     def world_size(self) -> int:
+        """The group's size (resolving the group if the hook has not run yet)."""
+        self._connect()
         return self.link.world
+
+
+#: ``AllRanks.state_dict()``'s ``format``.
+ALL_RANKS_FORMAT = "horovod_gravac.ddp.all_ranks/1"
+
+
+def _on_host(obj):
+    """``obj`` with every tensor copied to the host (what is gathered and saved must not
+    follow the live buffers, nor name a device another process lacks)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _on_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_on_host(v) for v in obj)
+    return obj
+
+
+class AllRanks:
+    """Every rank's :meth:`GravacState.state_dict` in the one checkpoint that rank 0 writes.
+
+    ``GravacState.state_dict()`` holds this rank's residuals only, and frameworks that
+    write one checkpoint file from the main process lose the others' (Lightning's
+    checkpoints, Accelerate's ``save_state``).  Register this wrapper with them instead::
+
+        accelerator.register_for_checkpointing(hg.ddp.AllRanks(state))
+
+    (``horovod_gravac.lightning.GravacCallback`` does the same for Lightning.)
+
+    ``state_dict()`` is a collective, which every rank of the state's group calls (as
+    both frameworks do when they save): rank 0 of the group gathers every rank's state,
+    moved to the host, and returns ``{"format", "world_size", "ranks": {rank: state}}``; the
+    other ranks return the same with their own entry only.  Rank 0 holds every rank's
+    residuals while it saves: the world size times the model's gradient.
+    ``load_state_dict()`` gives each rank its own entry (``GravacState.load_state_dict``,
+    with its checks); a checkpoint without this rank's entry raises ``ValueError``.
+    """
+
+    def __init__(self, state: GravacState):
+        if not isinstance(state, GravacState):
+            raise TypeError(f"AllRanks wraps a horovod_gravac.ddp.GravacState, got {state!r}")
+        self.state = state
+
+    def state_dict(self) -> dict:
+        st = self.state
+        mine = _on_host(st.state_dict())   # (resolves the group if the hook has not run yet)
+        rank, size = st.backend.rank(), st.backend.size()
+        if size == 1:
+            ranks = {0: mine}
+        else:
+            group = st.process_group
+            root = 0 if group is None else dist.get_global_rank(group, 0)
+            everyone = [None] * size if rank == 0 else None
+            dist.gather_object(mine, everyone, dst=root, group=group)
+            ranks = dict(enumerate(everyone)) if rank == 0 else {rank: mine}
+        return {"format": ALL_RANKS_FORMAT, "world_size": size, "ranks": ranks}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if not isinstance(state_dict, dict) or state_dict.get("format") != ALL_RANKS_FORMAT:
+            found = state_dict.get("format") if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise checkpoint.CheckpointError(
+                f"horovod_gravac.ddp.AllRanks: not an AllRanks state dict (format {found!r}); a "
+                f"GravacState.state_dict() loads with GravacState.load_state_dict()")
+        st = self.state
+        st._connect()
+        rank = st.backend.rank()
+        ranks = state_dict.get("ranks") or {}
+        if rank not in ranks:
+            raise checkpoint.CheckpointError(
+                f"horovod_gravac.ddp.AllRanks: the checkpoint holds the hook state of rank(s) "
+                f"{sorted(ranks)} of {state_dict.get('world_size')}, not of this rank {rank} (of "
+                f"{st.backend.size()}); only rank 0's own checkpoint holds every rank's")
+        st.load_state_dict(ranks[rank])
 
 
 def gravac_hook(state: GravacState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

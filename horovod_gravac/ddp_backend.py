@@ -50,8 +50,10 @@ class DDPBackend(CollectiveBackend):
 
     def __init__(self, process_group=None, timeout: Optional[float] = None):
         if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("horovod_gravac.ddp: torch.distributed is not initialized; call "
-                               "torch.distributed.init_process_group(...) before building the state")
+            raise RuntimeError("horovod_gravac.ddp: torch.distributed is not initialized; the hook's "
+                               "state joins its process group at the first hook call (or its first "
+                               "state_dict() / load_state_dict()): call "
+                               "torch.distributed.init_process_group(...) before that")
         self.group = process_group
         self.timeout = timeout
         # NCCL moves only CUDA tensors: host buffers are staged on this rank's current device.
