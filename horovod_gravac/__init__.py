@@ -30,6 +30,9 @@ def __getattr__(name):
     if name == "ddp":   # the DDP comm hook (torch.distributed; no Horovod)
         import importlib
         return importlib.import_module(".ddp", __name__)
+    if name == "lightning":   # GravacCallback; needs pytorch-lightning (the "lightning" extra)
+        import importlib
+        return importlib.import_module(".lightning", __name__)
     if name in _COMPRESSORS:
         import importlib
         return getattr(importlib.import_module(".compressors", __name__), name)
