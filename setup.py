@@ -36,6 +36,11 @@ setup(
         # used by the embedded default run (nothing can be downloaded at run time).
         "report": ["matplotlib", "scikit-learn"],
         "mpi": ["mpi4py"],
+        # The DDP hook under PyTorch Lightning (horovod_gravac.lightning.GravacCallback) and
+        # Hugging Face Accelerate; the core and `import horovod_gravac` need neither.  Install
+        # them with the torch you have (scripts/setup.sh pins torch while it installs them).
+        "lightning": ["pytorch-lightning>=2.6,<2.7"],
+        "accelerate": ["accelerate>=1.15,<1.16"],
     },
     entry_points={"console_scripts": ["gravac-train=horovod_gravac.harness.train:main"]},
 )

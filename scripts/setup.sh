@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up horovod_gravac on a fresh Debian/Ubuntu machine: a virtual environment at
 # .venv, torch, Horovod 0.28.1 built from source (Gloo + MPI) against that torch,
-# mpi4py, the test/report tools and this package. Idempotent: a second run only
-# checks. Horovod's wheel is cached under ~/.cache/horovod_gravac keyed on the
+# mpi4py, the test/report tools, PyTorch Lightning and Accelerate, and this package.
+# Idempotent: a second run only checks. Horovod's wheel is cached under ~/.cache/horovod_gravac keyed on the
 # Python, torch and Horovod versions (pip's own cache does not know which torch a
 # wheel was built against, and a wheel reused after torch changed fails at import).
 set -euo pipefail
@@ -107,8 +107,10 @@ SH
 fi
 
 # --- this package and its tools ---------------------------------------------
-say "installing horovod_gravac (editable) with the horovod, test and report extras"
-"${PIP[@]}" install -e ".[horovod,test,report]"   # Horovod is already built above
+# lightning, accelerate: the DDP hook's integration tests run under both.  torch is pinned
+# here so that no requirement of theirs can replace the torch Horovod was built against.
+say "installing horovod_gravac (editable) with the horovod, test, report, lightning and accelerate extras"
+"${PIP[@]}" install -e ".[horovod,test,report,lightning,accelerate]" "torch==$TORCH_VERSION"   # Horovod is already built above
 
 say "horovodrun --check-build"
 "$VENV/bin/horovodrun" --check-build

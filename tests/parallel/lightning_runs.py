@@ -9,6 +9,7 @@ parameters and the hook's last stats); ``tests/integration/test_lightning.py`` c
 Every hooked run is changed from its plain one only as README.md says: the state, the
 ``DDPStrategy`` arguments and ``GravacCallback``.
 """
+import gc
 import glob
 import os
 import sys
@@ -16,6 +17,7 @@ import warnings
 
 import pytorch_lightning as pl
 import torch
+import torch.distributed as dist
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.strategies import DDPStrategy
@@ -87,6 +89,11 @@ def main():
     first = sorted(glob.glob(os.path.join(ckpt, "epoch=0*.ckpt")))[0]
     fit("resumed", accordion(), epochs=3, resume=first)
     fit("resumed_without_hook_state", accordion(), epochs=3, resume=first, keep_hook_state=False)
+    # Free the DDP wrappers (and the hook states) before the group goes, not at the
+    # interpreter's exit, where Gloo's threads can outlive them and abort the process.
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -97,3 +97,40 @@ def test_all_ranks_round_trip_and_refusals(one_rank):
         hg.ddp.AllRanks(fresh).load_state_dict(dict(saved, world_size=2, ranks={1: saved["ranks"][0]}))
     with pytest.raises(TypeError):
         hg.ddp.AllRanks(object())
+
+
+_OPTIONAL = """
+import importlib.abc, sys
+BLOCKED = ("pytorch_lightning", "lightning", "accelerate")
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)")
+        return None
+
+sys.meta_path.insert(0, Block())
+import horovod_gravac as hg
+import horovod_gravac.ddp
+hg.ddp.GravacState(None, controller=hg.GraVAC())
+try:
+    hg.lightning
+except ImportError as e:
+    print("refused:", e)
+print("loaded:", sorted({n.split(".")[0] for n in sys.modules} & set(BLOCKED)))
+"""
+
+
+def test_core_and_ddp_import_without_lightning_or_accelerate():
+    """Both are optional extras: the core and the DDP hook import without them, and
+    ``hg.lightning`` says which extra to install."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", _OPTIONAL], capture_output=True, text=True, env=env, cwd=root,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "refused: horovod_gravac.lightning needs PyTorch Lightning: pip install 'horovod_gravac[lightning]'" \
+        in p.stdout and "loaded: []" in p.stdout, p.stdout
