@@ -443,10 +443,12 @@ class AllRanks:
     (``horovod_gravac.lightning.GravacCallback`` does the same for Lightning.)
 
     ``state_dict()`` is a collective, which every rank of the state's group calls (as
-    both frameworks do when they save): rank 0 of the group gathers every rank's state,
-    moved to the host, and returns ``{"format", "world_size", "ranks": {rank: state}}``; the
-    other ranks return the same with their own entry only.  Rank 0 holds every rank's
-    residuals while it saves: the world size times the model's gradient.
+    both frameworks do when they save; called on one rank alone, it raises
+    ``CollectiveTimeoutError`` after the state's ``timeout_s``): rank 0 of the group
+    gathers every rank's state, moved to the host, and returns ``{"format", "world_size",
+    "ranks": {rank: state}}``; the other ranks return the same with their own entry only.
+    Rank 0 holds every rank's residuals while it saves: the world size times the model's
+    gradient.
     ``load_state_dict()`` gives each rank its own entry (``GravacState.load_state_dict``,
     with its checks); a checkpoint without this rank's entry raises ``ValueError``.
     """
@@ -463,6 +465,11 @@ class AllRanks:
         if size == 1:
             ranks = {0: mine}
         else:
+            # Every rank of the group must call this (Lightning's and Accelerate's saves do;
+            # Lightning asks for trainer.save_checkpoint on every rank).  A small bounded
+            # allgather first, so that a save made on rank 0 alone fails after the state's
+            # timeout, naming the collective, instead of waiting in the gather for ever.
+            st.backend.allgather_object(rank, f"{st.prefix}.all_ranks", st.timeout)
             group = st.process_group
             root = 0 if group is None else dist.get_global_rank(group, 0)
             everyone = [None] * size if rank == 0 else None
