@@ -228,12 +228,19 @@ def observe_step(exchange, controller: Controller, step_stats, step_time: float,
         controller.observe(StepObservation(0.0, 0.0, 0.0, step_time, comm_time=comm_time))
 
 
+#: The key a rank whose arguments were refused sends in the start-up check instead of its
+#: settings (``optimizer.py``): the check then raises that rank's error on every rank.
+ARGUMENT_ERROR = "argument_error"
+
+
 def check_agreement(backend: CollectiveBackend, mine: dict, name: str, timeout: float, hints=None) -> None:
     """The start-up check of every backend: each rank's settings ``mine`` (the same keys on
     every rank) are gathered (one object allgather) and compared with rank 0's; any difference
     raises ``ValueError`` on every rank alike, naming the first rank and key that differ
-    (``hints``: a sentence to add for a key)."""
+    (``hints``: a sentence to add for a key).  A rank that sent ``{ARGUMENT_ERROR: message}``
+    instead (its constructor refused an argument) makes every rank raise that message."""
     everyone = backend.allgather_object(mine, name=name, timeout=timeout)
+    raise_argument_errors(everyone)
     for r, theirs in enumerate(everyone):
         for key in mine:
             if theirs.get(key) != everyone[0].get(key):
@@ -241,6 +248,20 @@ def check_agreement(backend: CollectiveBackend, mine: dict, name: str, timeout: 
                     f"horovod_gravac: rank {r} differs from rank 0 in '{key}': "
                     f"{_short(theirs.get(key))} vs {_short(everyone[0].get(key))}. All ranks must "
                     f"use the same model, compressor and controller settings.{(hints or {}).get(key, '')}")
+
+
+def raise_argument_errors(everyone: list) -> None:
+    """``ValueError`` with the lowest failing rank's message if any rank of the start-up
+    check refused its arguments: verbatim when every rank refused them alike (the usual case,
+    every rank running the same script), else naming the ranks that did."""
+    failed = [(r, theirs[ARGUMENT_ERROR]) for r, theirs in enumerate(everyone) if ARGUMENT_ERROR in theirs]
+    if not failed:
+        return
+    message = failed[0][1]
+    if len(failed) < len(everyone) or any(m != message for _, m in failed):
+        message = (f"{message} (raised on rank(s) {', '.join(str(r) for r, _ in failed)}; "
+                   f"every rank stops at the start-up check)")
+    raise ValueError(message)
 
 
 def _short(x, limit=300):

@@ -64,13 +64,16 @@ from . import checkpoint
 from .accounting import StepRecord
 from .buckets import Bucket, BucketLayout, BucketSet
 from .compressors.base import GradientCompressor
-from .consensus import check_agreement, make_exchange, observe_step, sync_first_step
+from .comm import resolve_timeout
+from .consensus import (ARGUMENT_ERROR, check_agreement, make_exchange, observe_step,
+                        raise_argument_errors, sync_first_step)
 from .controllers import Controller, Dense, StaticCF
 from .encoder import BucketEncoder, EncoderSettings
 from .error_feedback import ErrorFeedback, IntervalSum, finite_tensor, save_by_name
 from .horovod_backend import HorovodBackend
 from .lowrank import PowerSGDState
-from .options import OptimizerOptions, check_passes, is_gravac_compressor
+from .options import (OptimizerOptions, check_passes, is_gravac_compressor, is_wire_compression,
+                      misplaced_compression_error)
 from .pipeline import BucketPipeline
 from .selection.payload import FLOAT_DTYPES
 from .sparse import SparseGradients
@@ -600,6 +603,31 @@ def _check_consistency(opt, named) -> None:
         "bucket_cap_mb": " The bucket layout differs: every rank must pass the same bucket_cap_mb (and groups)."})
 
 
+def _refuse_on_every_rank(exc: ValueError, process_set, check_consistency: bool, timeout_s) -> None:
+    """An argument was refused (``exc``) before this rank built its optimizer: take part in the
+    start-up check in its place, so that every rank raises the same error at the same point
+    (``consensus.raise_argument_errors``) instead of this rank ending the job alone.  Returns
+    (the caller raises ``exc`` here) when there is no check to join: one rank, the check
+    turned off, no usable process set, or Horovod not initialized."""
+    try:
+        if not check_consistency or not process_set.included() or process_set.size() < 2:
+            return
+    except Exception:   # an invalid process_set, or hvd.init() not called: nothing to join
+        return
+    try:
+        timeout = resolve_timeout(timeout_s)
+    except ValueError:
+        timeout = resolve_timeout(None)
+    prefix = _collective_prefix()   # the name this optimizer's check has on the other ranks
+    everyone = HorovodBackend(process_set).allgather_object({ARGUMENT_ERROR: str(exc)}, f"{prefix}.consistency",
+                                                            timeout)
+    try:
+        raise_argument_errors(everyone)
+    except ValueError as shared:
+        if str(shared) != str(exc):   # other ranks refused other arguments, or none
+            raise shared from None
+
+
 _optimizers_built = itertools.count()
 
 
@@ -692,11 +720,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         process_set: only this Horovod process set's ranks take part (others step locally).
         compressor: a compressor class such as ``TopKCompressor`` (default), an instance
             whose settings are reused at every CF, or a callable ``cf -> compressor``.
+            Horovod's compressions (``hvd.Compression.fp16``) go to ``compression``; given
+            here they are refused with a ``ValueError`` that says so.
         controller: ``Dense()`` (default), ``StaticCF(cf)``, ``GraVAC(...)`` or ``Accordion(...)``.
         bucket_cap_mb: gradients are flattened into buckets of at most this size; each
             bucket is compressed and communicated with one collective.
         check_consistency: verify at start-up that all ranks agree on the model, the
             compressor and the controller (one collective), failing on every rank if not.
+            A rank that refuses an argument (``ValueError``) joins this check with its
+            error, so every rank raises the same error there.
             ``False`` also sends two ranks' fixed-size payloads with an allgather instead of
             the pair exchange (``transfers.PairExchange``), since nothing then says that
             both ranks' payloads have one size.
@@ -721,34 +753,43 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
 
     After each step, ``optimizer.stats`` describes it (docs/architecture.md, "What a step reports").
     """
-    if is_gravac_compressor(compression):
-        if compressor is not None:
-            raise ValueError("compression= is a horovod_gravac compressor and compressor= is given "
-                             "too; pass the compressor once (compressor=...)")
-        compressor, compression = compression, hvd.Compression.none
-        if controller is None:
-            cf = getattr(compressor, "cf", None)
-            controller = StaticCF(cf) if isinstance(cf, (int, float)) and not isinstance(compressor, type) \
-                else Dense()
-    if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
-        raise ValueError(f"compression must be a Horovod compressor (hvd.Compression.none or "
-                         f"hvd.Compression.fp16), got {compression!r}")
-    if op == hvd.Adasum:
-        raise ValueError("op=hvd.Adasum is not supported by horovod_gravac.DistributedOptimizer: "
-                         "Adasum combines whole updates, which gradient compression does not "
-                         "send. Use op=hvd.Average or hvd.Sum, or hvd.DistributedOptimizer for Adasum.")
-    if op not in (hvd.Average, hvd.Sum):
-        raise ValueError(f"op must be hvd.Average or hvd.Sum, got {op!r}")
-    if not hasattr(process_set, "process_set_id") or process_set.process_set_id is None:
-        raise ValueError(f"process_set must be an initialized Horovod ProcessSet "
-                         f"(hvd.global_process_set or one from hvd.add_process_set), got {process_set!r}")
-    options = OptimizerOptions.build(
-        compression=compression, backward_passes_per_step=backward_passes_per_step, op=op,
-        average=op == hvd.Average, gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-        groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set, compressor=compressor,
-        controller=controller, bucket_cap_mb=bucket_cap_mb, check_consistency=check_consistency,
-        momentum_correction=momentum_correction, local_clip_norm=local_clip_norm, timeout_s=timeout_s,
-        nonfinite=nonfinite, grad_scaler=grad_scaler, join_safe=join_safe, defaults=optimizer.defaults)
+    try:
+        if is_wire_compression(compressor):   # the two arguments mixed up (or swapped)
+            raise misplaced_compression_error(compressor)
+        if is_gravac_compressor(compression):
+            if compressor is not None:
+                raise ValueError("compression= is a horovod_gravac compressor and compressor= is given "
+                                 "too; pass the compressor once (compressor=...)")
+            compressor, compression = compression, hvd.Compression.none
+            if controller is None:
+                cf = getattr(compressor, "cf", None)
+                controller = StaticCF(cf) if isinstance(cf, (int, float)) and not isinstance(compressor, type) \
+                    else Dense()
+        if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+            raise ValueError(f"compression must be a Horovod compressor (hvd.Compression.none or "
+                             f"hvd.Compression.fp16), got {compression!r}")
+        if op == hvd.Adasum:
+            raise ValueError("op=hvd.Adasum is not supported by horovod_gravac.DistributedOptimizer: "
+                             "Adasum combines whole updates, which gradient compression does not "
+                             "send. Use op=hvd.Average or hvd.Sum, or hvd.DistributedOptimizer for Adasum.")
+        if op not in (hvd.Average, hvd.Sum):
+            raise ValueError(f"op must be hvd.Average or hvd.Sum, got {op!r}")
+        if not hasattr(process_set, "process_set_id") or process_set.process_set_id is None:
+            raise ValueError(f"process_set must be an initialized Horovod ProcessSet "
+                             f"(hvd.global_process_set or one from hvd.add_process_set), got {process_set!r}")
+        options = OptimizerOptions.build(
+            compression=compression, backward_passes_per_step=backward_passes_per_step, op=op,
+            average=op == hvd.Average, gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+            groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set, compressor=compressor,
+            controller=controller, bucket_cap_mb=bucket_cap_mb, check_consistency=check_consistency,
+            momentum_correction=momentum_correction, local_clip_norm=local_clip_norm, timeout_s=timeout_s,
+            nonfinite=nonfinite, grad_scaler=grad_scaler, join_safe=join_safe, defaults=optimizer.defaults)
+    except ValueError as exc:
+        # Every rank runs the same script, so every rank refuses the same arguments; without
+        # this the first rank to exit ends the job, and its peers die mid-launch (Horovod's
+        # runner stops them, or a Gloo read fails) before printing why.
+        _refuse_on_every_rank(exc, process_set, check_consistency, timeout_s)
+        raise
     attrs = {k: v for cls in (_ElasticSupport, _Inspection, _GravacDistributedOptimizer)
              for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
     attrs["__module__"] = _HOROVOD_OPTIMIZER_MODULE   # see the note at its definition

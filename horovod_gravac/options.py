@@ -140,15 +140,48 @@ def is_gravac_compressor(obj) -> bool:
     return isinstance(obj, GradientCompressor)
 
 
+def is_wire_compression(obj) -> bool:
+    """A Horovod-style wire compression (``hvd.Compression.none``/``.fp16``, or any other
+    class or instance with ``compress``/``decompress`` that is not a horovod_gravac
+    compressor): what ``compression=`` takes, never ``compressor=``."""
+    if obj is None or is_gravac_compressor(obj):
+        return False
+    cls = obj if isinstance(obj, type) else type(obj)
+    return callable(getattr(cls, "compress", None)) and callable(getattr(cls, "decompress", None))
+
+
+def _compression_name(obj) -> str:
+    """``hvd.Compression.fp16`` for Horovod's own, else the class's dotted name."""
+    try:
+        from horovod.torch.compression import Compression
+        for attr in ("none", "fp16"):
+            if obj is getattr(Compression, attr, None):
+                return f"hvd.Compression.{attr}"
+    except Exception:  # pragma: no cover - without Horovod
+        pass
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}" + ("" if isinstance(obj, type) else "()")
+
+
+def misplaced_compression_error(obj) -> ValueError:
+    """The error for a wire compression passed as ``compressor=``: which argument takes which."""
+    return ValueError(
+        f"compressor={_compression_name(obj)} is a Horovod compression, which sets the wire format "
+        f"of dense sends. Horovod's compressions go to compression= "
+        f"(hg.DistributedOptimizer(..., compression=hvd.Compression.fp16); in hg.ddp.GravacState, "
+        f"compression=\"fp16\"); this package's compressors (hg.TopKCompressor, hg.DGCCompressor, ...) "
+        f"go to compressor=.")
+
+
 def compressor_factory(compressor) -> Callable[[float], GradientCompressor]:
     """Accept a compressor class, an instance (its class and settings are reused per CF),
-    or a callable ``cf -> compressor``."""
+    or a callable ``cf -> compressor``.  A Horovod compression given here is refused with
+    a message naming the argument it belongs to (``compression=``)."""
     if compressor is None:
         compressor = TopKCompressor
+    if is_wire_compression(compressor):
+        raise misplaced_compression_error(compressor)
     if not isinstance(compressor, type) and hasattr(compressor, "compress"):
-        if not isinstance(compressor, GradientCompressor):
-            raise ValueError(f"compressor {compressor!r} is not a horovod_gravac compressor (a "
-                             f"horovod_gravac.compressors.GradientCompressor); Horovod's own go to compression=")
         template = compressor
 
         def from_instance(cf):   # same settings, its own state (e.g. a private generator)

@@ -143,6 +143,35 @@ def test_optimizer_arguments_are_validated(hvd1, kwargs, name):
         _opt(**kwargs)
 
 
+def _horovod_compressions():
+    import horovod.torch as hvd
+    return {"hvd.Compression.fp16": hvd.Compression.fp16, "hvd.Compression.none": hvd.Compression.none,
+            "FP16Compressor()": hvd.Compression.fp16(), "NoneCompressor()": hvd.Compression.none()}
+
+
+WHERE_IT_GOES = r"Horovod's compressions go to compression=.*this package's compressors .* go to compressor="
+
+
+@pytest.mark.parametrize("which", ["hvd.Compression.fp16", "hvd.Compression.none", "FP16Compressor()",
+                                   "NoneCompressor()"])
+def test_a_horovod_compression_given_as_compressor_says_where_it_goes(hvd1, which):
+    """The mix-up a Horovod user makes first: compressor=hvd.Compression.fp16 (a class that
+    takes no CF) fails with the argument each belongs to, not a TypeError from deep inside."""
+    wrong = _horovod_compressions()[which]
+    with pytest.raises(ValueError, match=WHERE_IT_GOES):
+        _opt(compressor=wrong)
+    with pytest.raises(ValueError, match=WHERE_IT_GOES):   # the two swapped
+        _opt(compressor=wrong, compression=TopKCompressor(10))
+    _opt(compression=wrong if isinstance(wrong, type) else type(wrong), compressor=TopKCompressor,
+         controller=hg.StaticCF(10)).close()   # where it belongs, it is taken
+
+
+def test_the_ddp_state_refuses_a_horovod_compression_as_compressor():
+    import horovod.torch as hvd
+    with pytest.raises(ValueError, match=WHERE_IT_GOES):
+        hg.ddp.GravacState(None, compressor=hvd.Compression.fp16)
+
+
 def test_timeout_resolution(hvd1, monkeypatch):
     monkeypatch.delenv(comm.TIMEOUT_ENV, raising=False)
     assert comm.resolve_timeout(None) == comm.DEFAULT_TIMEOUT_S == 600.0
