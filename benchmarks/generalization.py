@@ -1,0 +1,429 @@
+#!/usr/bin/env python3
+"""Does ``GraVAC()`` hold on work it was not tuned on?  Time to dense accuracy over draws of
+the workload family (``benchmarks/workloads.py``), 2 ranks on emulated 100 Mbit/s links,
+against static Top-k at 10x, 30x, 100x, 300x and 1000x, Accordion (10x/1000x) and dense SGD.
+
+The protocol: rules are tuned on development draws (seeds 0-29) and reported once on
+evaluation draws (seeds 1000-1019), every draw included, misses too::
+
+    python -m benchmarks.generalization --seeds 0-29 --out /tmp/generalization-dev   # tuning
+    python -m benchmarks.generalization --seeds 1000-1019                          # the report
+    python -m benchmarks.generalization --seeds 1000-1019 --report-only
+    python -m benchmarks.generalization --ddp --seeds 1000-1005 --out benchmarks/results/generalization_ddp
+
+Run from the repository root, as root (``benchmarks/netem.py`` puts each rank in its own
+network namespace behind a shaped link).  With ``--ddp`` every run trains under
+``torch.distributed`` with DDP comm hooks instead of Horovod: this package's hook
+(``hg.ddp.GravacState(controller=hg.GraVAC())``, static Top-k, Accordion) against DDP's own
+``fp16_compress_hook`` and ``powerSGD_hook`` at ranks 1, 2 and 4 (one bucket, vanilla
+allreduce for the first 10 % of the steps, as ``benchmarks/ddp_hooks.py`` runs it).
+
+How time is measured (as in ``benchmarks/adaptivity.py``).  A fixed configuration (dense,
+static, Accordion, DDP's hooks) decides nothing from time, so its arithmetic, and so its
+accuracy curve, is the same on any link: it is trained once in full on plain localhost
+ranks, and timed by short runs (``TIMING_STEPS`` steps, the first ``WARMUP`` not counted)
+at the rate; its training time is the sum over the full run's steps of the mean step
+period at the rate of what that step sent.  ``GraVAC()`` reads measured step times, so it
+is trained in full at the rate and its own step periods are summed.  Evaluation is not
+training time.  The timing runs and the GraVAC runs are the ones that need a quiet machine.
+
+TTA: training time to the first evaluation within 0.5 pp of dense's final accuracy
+(language models: within 2 % of its final perplexity).  A draw's communication share is
+the median share of a Top-k 10x timing step spent waiting for communication.
+
+Outputs under ``--out`` (default ``benchmarks/results/generalization/``): ``results.md``
+(every draw, the goals, the commit), ``draws.csv`` (one row per draw and configuration),
+``tta_ratios.png`` (the distribution of TTA ratios) and ``accuracy_vs_time.png`` (one draw
+of each family).  Run directories go to ``<out>/runs/`` (not committed).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from benchmarks import adaptivity as A
+from benchmarks import workloads as W
+from horovod_gravac.harness import runlog
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_OUT = os.path.join(HERE, "results", "generalization")
+RATE = "100mbit"
+TIMING_STEPS, WARMUP = 50, 5
+TOLERANCE_PP, TOLERANCE_PPL = 0.5, 0.02
+STATIC_CFS = (10, 30, 100, 300, 1000)
+DEFAULT = "gravac"
+
+#: name -> (--controller spec, kind): "fixed" is trained once on localhost and timed by short
+#: runs; "adaptive" is trained at the rate.
+HOROVOD_CONFIGS: Dict[str, Tuple[str, str]] = {
+    "dense": ("dense", "fixed"),
+    **{f"topk{cf}": (f"topk:{cf}", "fixed") for cf in STATIC_CFS},
+    "accordion": ("accordion", "fixed"),
+    "gravac": ("gravac", "adaptive"),
+}
+DDP_CONFIGS: Dict[str, Tuple[str, str]] = {
+    "dense": ("dense", "fixed"),
+    "fp16": ("ddp-fp16", "fixed"),
+    **{f"powersgd{r}": (f"ddp-powersgd:{r}", "fixed") for r in (1, 2, 4)},
+    **{f"topk{cf}": (f"topk:{cf}", "fixed") for cf in STATIC_CFS},
+    "accordion": ("accordion", "fixed"),
+    "gravac": ("gravac", "adaptive"),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[generalization] {msg}", flush=True)
+
+
+def parse_seeds(text: str) -> List[int]:
+    seeds: List[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = (int(x) for x in part.split("-"))
+            seeds += list(range(lo, hi + 1))
+        elif part:
+            seeds.append(int(part))
+    return seeds
+
+
+def configs(ddp: bool) -> Dict[str, Tuple[str, str]]:
+    return DDP_CONFIGS if ddp else HOROVOD_CONFIGS
+
+
+# --------------------------------------------------------------------------- running
+def launch(seed: int, spec: str, run_dir: str, rate: Optional[str], ddp: bool, timeout: float,
+           steps: Optional[int] = None, diagnose: bool = False) -> bool:
+    """Train one configuration of draw ``seed`` on 2 ranks (``rate`` None: plain localhost)."""
+    from benchmarks.netem import EmulatedCluster, launch_ranks
+    if runlog.is_finished(run_dir):
+        return True
+    os.makedirs(run_dir, exist_ok=True)
+    cmd = [sys.executable, "-m", "benchmarks.workloads", "train", "--seed", str(seed), "--controller", spec,
+           "--out", run_dir] + (["--ddp"] if ddp else []) + (["--steps", str(steps)] if steps else []) \
+        + (["--diagnose"] if diagnose else [])
+    t0 = time.time()
+    with EmulatedCluster(2, rate, None, force_localhost=rate is None) as cluster:
+        env = {"OMP_NUM_THREADS": "1"}
+        if ddp:
+            env.update({"MASTER_ADDR": cluster.address(0), "MASTER_PORT": "29531",
+                        "GLOO_SOCKET_IFNAME": cluster.iface})
+        results = launch_ranks(cluster, cmd, timeout, env=env, check=False, log_dir=run_dir)
+    ok = all(r.returncode == 0 for r in results) and runlog.is_finished(run_dir)
+    log(f"seed {seed} {spec} {rate or 'localhost'}{' ddp' if ddp else ''}: {'ok' if ok else 'FAILED'} "
+        f"in {time.time() - t0:.0f}s")
+    return ok
+
+
+def timed_specs(ddp: bool) -> Dict[str, str]:
+    """What the timing runs measure: step kind -> --controller spec."""
+    out = {"dense": "dense", **{f"topk{cf}": f"topk:{cf}" for cf in STATIC_CFS}}
+    if ddp:
+        out.update({"fp16": "ddp-fp16", **{f"powersgd{r}": f"ddp-powersgd:{r}" for r in (1, 2, 4)}})
+    return out
+
+
+def run_draw(seed: int, out: str, args) -> None:
+    runs = os.path.join(out, "runs", f"seed{seed}")
+    cfg = configs(args.ddp)
+    only = set(args.only.split(",")) if args.only else set(cfg)
+    # 1. fixed configurations, full, on localhost (their arithmetic does not depend on time)
+    for name, (spec, kind) in cfg.items():
+        if kind == "fixed" and name in only:
+            launch(seed, spec, os.path.join(runs, name), None, args.ddp, args.timeout,
+                   diagnose=args.diagnose and name == "topk10")
+    if args.accuracy_only:
+        return
+    # 2. timing runs at the rate: a PowerSGD step before start_powerSGD_iter is dense allreduce,
+    #    so the timing run of powersgd<r> starts PowerSGD at once (steps // 10 of 50 -> 5 = WARMUP).
+    for kind, spec in timed_specs(args.ddp).items():
+        if kind in only or kind == "dense" or (kind in ("topk10", "topk1000") and "accordion" in only):
+            launch(seed, spec, os.path.join(runs, f"time-{kind}"), RATE, args.ddp, args.timeout,
+                   steps=TIMING_STEPS)
+    # 3. adaptive configurations, full, at the rate
+    for name, (spec, kind) in cfg.items():
+        if kind == "adaptive" and name in only:
+            launch(seed, spec, os.path.join(runs, name), RATE, args.ddp, args.timeout)
+
+
+# --------------------------------------------------------------------------- analysis
+def load(path: str) -> Optional[dict]:
+    return A.load_run(path)
+
+
+def step_kind(name: str, index: int, step: dict, steps: int) -> str:
+    """What step ``index`` (from 0) of a full run of ``name`` sent, as a timing run's name."""
+    if name.startswith("powersgd"):
+        return "dense" if index < max(2, steps // 10) else name
+    if name == "accordion" or name.startswith("topk"):
+        return f"topk{float(step.get('cf') or 1.0):g}"
+    return name
+
+
+def analyse_draw(seed: int, out: str, ddp: bool) -> Optional[dict]:
+    """Per configuration of draw ``seed``: final score, TTA and the draw's facts; None before
+    its dense run finished."""
+    w = W.draw(seed)
+    runs = os.path.join(out, "runs", f"seed{seed}")
+    dense = load(os.path.join(runs, "dense"))
+    if dense is None:
+        return None
+    metric = w.metric
+    scores = A.score(dense["evals"], metric)
+    target = scores[-1] * (1 + TOLERANCE_PPL) if metric == "perplexity" else scores[-1] - TOLERANCE_PP
+    timings = {k: A.mean_step(r) for k in timed_specs(ddp)
+               if (r := load(os.path.join(runs, f"time-{k}"))) is not None}
+    t10 = load(os.path.join(runs, "time-topk10"))
+    share = A.comm_share(t10) if t10 is not None and any(s.get("comm_time") is not None for s in t10["steps"]) \
+        else None
+    rows = {}
+    for name, (spec, kind) in configs(ddp).items():
+        r = load(os.path.join(runs, name))
+        if r is None:
+            continue
+        if kind == "fixed":
+            n = len(r["steps"])
+            per_step = [timings.get(step_kind(name, i, s, n)) for i, s in enumerate(r["steps"])]
+            times = None if any(t is None for t in per_step) else list(_cumsum(per_step))
+        else:
+            times = A.curve(r)
+        sc = A.score(r["evals"], metric)
+        tta = A.first_at_target(r, times, target, metric)[1] if times else None
+        cfs = [float(s.get("cf") or 1.0) for s in r["steps"]]
+        rows[name] = {"final": sc[-1], "tta_s": tta, "timed": times is not None,
+                      "train_s": times[-1] if times else None, "median_cf": statistics.median(cfs),
+                      "mean_step_ms": 1000 * times[-1] / len(times) if times else None,
+                      "ranks_identical": r["summary"].get("ranks_identical")}
+    statics = {n: v["tta_s"] for n, v in rows.items() if n.startswith("topk") and v["tta_s"] is not None}
+    best = min(statics, key=statics.get) if statics else None
+    return {"seed": seed, "family": w.family, "workload": w.describe(), "metric": metric,
+            "target": target, "dense_final": scores[-1], "comm_share": share, "best_static": best,
+            "timings_ms": {k: 1000 * v for k, v in timings.items()}, "rows": rows}
+
+
+def _cumsum(xs):
+    t = 0.0
+    for x in xs:
+        t += x
+        yield t
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a is not None and b else None
+
+
+def goals(draws: List[dict], judged: str = DEFAULT) -> List[dict]:
+    """The issue's goals for ``judged`` over the analysed draws (module docstring of README's
+    "Which controller when")."""
+    out = []
+    comm = [d for d in draws if d["comm_share"] is not None and d["comm_share"] >= 0.5
+            and judged in d["rows"] and d["rows"][judged]["timed"]]
+    out.append({"goal": "at least 12 draws where communication is half of a Top-k 10x step or more",
+                "measured": f"{len(comm)} draws", "pass": len(comm) >= 12})
+    misses = [d["seed"] for d in comm if d["rows"].get("topk10", {}).get("tta_s") is not None
+              and d["rows"][judged]["tta_s"] is None]
+    out.append({"goal": "reaches the target on every draw where Top-k 10x does",
+                "measured": f"missed on {misses}" if misses else "no miss", "pass": not misses})
+    vs_best = [ratio(d["rows"][judged]["tta_s"], d["rows"][d["best_static"]]["tta_s"])
+               for d in comm if d["best_static"]]
+    finite = [v if v is not None else math.inf for v in vs_best]
+    med = statistics.median(finite) if finite else None
+    out.append({"goal": "median TTA at most 1.3x the best static CF's",
+                "measured": f"{A.fmt(med)}x over {len(finite)} draws", "pass": med is not None and med <= 1.3})
+    worst = max(finite) if finite else None
+    out.append({"goal": "at most 2.5x the best static CF's on every draw",
+                "measured": f"worst {A.fmt(worst)}x", "pass": worst is not None and worst <= 2.5})
+    vs_acc = []
+    for d in comm:
+        acc = d["rows"].get("accordion", {}).get("tta_s")
+        mine = d["rows"][judged]["tta_s"]
+        vs_acc.append(0.0 if acc is None and mine is not None else math.inf if mine is None
+                      else mine / acc)
+    med_acc = statistics.median(vs_acc) if vs_acc else None
+    wins = sum(v <= 1.0 for v in vs_acc)
+    out.append({"goal": "no slower than Accordion on the median",
+                "measured": f"{A.fmt(med_acc)}x", "pass": med_acc is not None and med_acc <= 1.0})
+    out.append({"goal": "no slower than Accordion on at least 3 draws of 4",
+                "measured": f"{wins} of {len(vs_acc)}", "pass": bool(vs_acc) and wins >= 0.75 * len(vs_acc)})
+    light = [d for d in draws if d["comm_share"] is not None and d["comm_share"] < 0.2
+             and judged in d["rows"] and d["rows"][judged]["timed"]]
+    over = [(d["seed"], ratio(d["rows"][judged]["tta_s"], d["rows"].get("topk10", {}).get("tta_s")))
+            for d in light]
+    bad = [s for s, v in over if v is None or v > 1.05]
+    out.append({"goal": "at most 1.05x Top-k 10x where communication is under a fifth of the step",
+                "measured": (f"{len(light)} such draws; over 1.05x on {bad}" if bad else f"{len(light)} such draws, all within"),
+                "pass": not bad})
+    return out
+
+
+# --------------------------------------------------------------------------- report
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int]) -> None:
+    names = list(configs(ddp))
+    title = "DDP hooks" if ddp else "Horovod"
+    md = [f"# Generalization benchmark ({title})", "",
+          f"Draws {seeds[0]}-{seeds[-1]} of `benchmarks/workloads.py`, 2 ranks on emulated {RATE} links; "
+          f"written by `python -m benchmarks.generalization{' --ddp' if ddp else ''} --seeds {seeds[0]}-{seeds[-1]}` "
+          f"at commit {commit()}.",
+          "TTA: training seconds to within 0.5 pp of dense's final accuracy (language models: 2 % of its "
+          "perplexity); '-': never reached.  Comm: the share of a Top-k 10x step spent waiting for "
+          "communication.  Ratios are TTA over the best static CF's (in hindsight, over "
+          + ", ".join(f"{cf}x" for cf in STATIC_CFS) + ") and over Accordion's.", ""]
+    header = ["seed", "workload", "comm", "target"] + [f"{n} TTA s" for n in names] + \
+        [f"{DEFAULT} / best static", f"{DEFAULT} / Accordion", f"{DEFAULT} median CF"]
+    rows = []
+    for d in draws:
+        g = d["rows"].get(DEFAULT, {})
+        best = d["rows"].get(d["best_static"], {}).get("tta_s") if d["best_static"] else None
+        acc = d["rows"].get("accordion", {}).get("tta_s")
+        rows.append([d["seed"], d["workload"], A.fmt(100 * d["comm_share"] if d["comm_share"] is not None else None, ".0f") + " %",
+                     A.fmt(d["target"])] + [A.fmt(d["rows"].get(n, {}).get("tta_s"), ".1f") for n in names]
+                    + [A.fmt(ratio(g.get("tta_s"), best)), A.fmt(ratio(g.get("tta_s"), acc)),
+                       A.fmt(g.get("median_cf"), "g")])
+    md += [A.md_table(header, rows), ""]
+    checks = goals(draws)
+    md += [f"## Goals, for `{DEFAULT}` (`GraVAC()` with its defaults, window a twelfth of the steps)", "",
+           A.md_table(["goal", "measured", "result"],
+                      [[c["goal"], c["measured"], "PASS" if c["pass"] else "FAIL"] for c in checks]), ""]
+    made = plots(draws, out, names)
+    md += [f"![{os.path.basename(m)}]({os.path.basename(m)})" for m in made]
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    flat = []
+    for d in draws:
+        for n, r in d["rows"].items():
+            flat.append({"seed": d["seed"], "family": d["family"], "workload": d["workload"],
+                         "comm_share": d["comm_share"], "target": d["target"], "config": n, **r,
+                         "vs_best_static": ratio(r["tta_s"], d["rows"].get(d["best_static"], {}).get("tta_s")
+                                                 if d["best_static"] else None),
+                         "vs_accordion": ratio(r["tta_s"], d["rows"].get("accordion", {}).get("tta_s"))})
+    A.write_csv(flat, os.path.join(out, "draws.csv"))
+    log(f"wrote {os.path.join(out, 'results.md')}")
+
+
+def plots(draws: List[dict], out: str, names: List[str]) -> List[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed: no plots")
+        return []
+    made = []
+    comm = [d for d in draws if d["comm_share"] is not None and d["comm_share"] >= 0.5]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    shown = [n for n in names if n != "dense"]
+    for ax, ref in zip(axes, ("best static", "accordion")):
+        data = []
+        for n in shown:
+            vals = []
+            for d in comm:
+                base = d["rows"].get(d["best_static"], {}).get("tta_s") if ref == "best static" and d["best_static"] \
+                    else d["rows"].get("accordion", {}).get("tta_s") if ref == "accordion" else None
+                mine = d["rows"].get(n, {}).get("tta_s")
+                if base is None:
+                    continue
+                vals.append(mine / base if mine is not None else math.nan)
+            data.append(vals)
+        for i, vals in enumerate(data):
+            finite = [v for v in vals if not math.isnan(v)]
+            missed = len(vals) - len(finite)
+            ax.scatter([i + 0.15 * ((j % 5) - 2) / 2 for j in range(len(finite))], finite, s=14,
+                       color="C3" if shown[i] == DEFAULT else "C0", alpha=0.8)
+            if finite:
+                ax.plot([i - 0.3, i + 0.3], [statistics.median(finite)] * 2, color="k", lw=1.5)
+            if missed:
+                ax.annotate(f"{missed} missed", (i, 0.52), ha="center", fontsize=7, color="C3")
+        ax.axhline(1.0, color="grey", ls=":", lw=1)
+        ax.set_yscale("log")
+        ax.set_ylim(0.5, 30)
+        ax.set_xticks(range(len(shown)))
+        ax.set_xticklabels(shown, rotation=30, fontsize=8)
+        ax.set_ylabel(f"TTA / {ref}'s TTA")
+        ax.set_title(f"against {ref}, {len(comm)} communication-bound draws (line: median)", fontsize=9)
+    fig.tight_layout()
+    path = os.path.join(out, "tta_ratios.png")
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    made.append(path)
+    # One draw per family: accuracy (perplexity) against training time.
+    first = {}
+    for d in draws:
+        first.setdefault(d["family"], d)
+    if first:
+        fig, axes = plt.subplots(1, len(first), figsize=(4 * len(first), 3.4), squeeze=False)
+        for ax, (fam, d) in zip(axes[0], sorted(first.items())):
+            runs = os.path.join(out, "runs", f"seed{d['seed']}")
+            for i, n in enumerate(names):
+                r = load(os.path.join(runs, n))
+                row = d["rows"].get(n)
+                if r is None or row is None or row["train_s"] is None:
+                    continue
+                if n == DEFAULT:
+                    t = A.curve(r)
+                    xs = [t[e["step"] - 1] for e in r["evals"]]
+                else:
+                    xs = [e["step"] * row["train_s"] / len(r["steps"]) for e in r["evals"]]
+                ax.plot(xs, A.score(r["evals"], d["metric"]), lw=2 if n == DEFAULT else 1, label=n,
+                        color="C3" if n == DEFAULT else plt.get_cmap("tab10")(i % 10))
+            ax.axhline(d["target"], color="k", ls=":", lw=1)
+            ttas = [v["tta_s"] for k, v in d["rows"].items() if v["tta_s"] and k != "dense"]
+            if ttas:
+                ax.set_xlim(0, 2.5 * max(ttas))
+            if d["metric"] == "accuracy":
+                ax.set_ylim(d["target"] - 10, min(100.5, d["dense_final"] + 3))
+            else:
+                ax.set_ylim(d["target"] * 0.9, d["target"] * 1.6)
+            ax.set_title(f"seed {d['seed']}: {fam}", fontsize=9)
+            ax.set_xlabel("training seconds")
+            ax.set_ylabel(d["metric"])
+        axes[0][0].legend(fontsize=6)
+        fig.tight_layout()
+        path = os.path.join(out, "accuracy_vs_time.png")
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+# --------------------------------------------------------------------------- main
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", default="1000-1019", help="draws: comma-separated seeds or LO-HI ranges")
+    p.add_argument("--out", default=None, help=f"default {os.path.relpath(DEFAULT_OUT)} (with --ddp: _ddp)")
+    p.add_argument("--ddp", action="store_true", help="DDP comm hooks instead of Horovod")
+    p.add_argument("--only", help="comma-separated configurations to run (the rest on disk are reused)")
+    p.add_argument("--accuracy-only", action="store_true",
+                   help="only the fixed configurations' full runs (localhost; no timing or adaptive runs)")
+    p.add_argument("--diagnose", action="store_true", help="record raw-gradient statistics in the Top-k 10x run")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args(argv)
+    seeds = parse_seeds(args.seeds)
+    out = args.out or (DEFAULT_OUT + ("_ddp" if args.ddp else ""))
+    if args.only and not set(args.only.split(",")) <= set(configs(args.ddp)):
+        p.error(f"--only takes {', '.join(configs(args.ddp))}")
+    os.makedirs(out, exist_ok=True)
+    if not args.report_only:
+        for seed in seeds:
+            run_draw(seed, out, args)
+    draws = [d for d in (analyse_draw(s, out, args.ddp) for s in seeds) if d is not None]
+    if draws:
+        report(draws, out, args.ddp, seeds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
