@@ -66,6 +66,13 @@ class CollectiveBackend(abc.ABC):
         dimension may differ by rank."""
 
     @abc.abstractmethod
+    def alltoall_async(self, tensor: torch.Tensor, splits: List[int], name: str):
+        """Rows of ``tensor`` (dim 0) in ``len(splits) == size()`` consecutive parts, part ``j``
+        (``splits[j]`` rows, possibly none) to rank ``j``; the result on each rank is the parts
+        it was sent, concatenated in source-rank order (its own part included).  Row counts
+        may differ between ranks; the other dimensions and the dtype may not."""
+
+    @abc.abstractmethod
     def pair_exchange_async(self, block: torch.Tensor, name: str):
         """Two ranks swap ``block`` (int32, the same shape on both): the result on each rank
         is the other rank's block.  When the shapes differ, :meth:`wait` raises

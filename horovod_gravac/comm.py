@@ -55,7 +55,10 @@ class CollectiveTimeoutError(TimeoutError):
 
 
 class MismatchedShapesError(RuntimeError):
-    """The library refused a collective on every rank because the ranks' tensors differ in shape."""
+    """The library refused a collective on every rank because the ranks' tensors differ in
+    shape, or because the ranks called different collectives under one name (their decisions
+    diverged, and with them the exchange ``exchange.py`` picks for a CF).  Every transfer
+    then sends its payload again with one allgather (``transfers.Transfer._regather``)."""
 
 
 def resolve_timeout(timeout_s=None) -> float:

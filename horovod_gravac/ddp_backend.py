@@ -18,7 +18,8 @@ count, then one allgather of the payloads padded to the longest; the padding is 
 again.  Host tensors (the consensus's small buffers and pickled objects) travel through
 the current CUDA device when the group cannot move CPU tensors (NCCL), and are copied
 back.  Two ranks' payloads of one size by construction (exact Top-k, Random-k) swap with
-one allgather (:meth:`DDPBackend.pair_exchange_async`).  Every call is asynchronous
+one allgather (:meth:`DDPBackend.pair_exchange_async`).  An alltoall with uneven splits
+(the sparse allreduce's first phase) sends its row counts first.  Every call is asynchronous
 (``async_op=True``) and every wait is bounded (``comm.bounded_wait``)."""
 from __future__ import annotations
 
@@ -114,6 +115,22 @@ class DDPBackend(CollectiveBackend):
                 torch.cat([out[r * longest:r * longest + c] for r, c in enumerate(counts)])
             return got.to(host)
         return _Handle(work, result)
+
+    def alltoall_async(self, tensor, splits, name):
+        """``all_to_all_single`` with split sizes (Gloo, NCCL and MPI take uneven ones): first
+        one tiny ``all_to_all_single`` of the row counts, so each rank knows what it receives
+        (bounded by this backend's timeout), then the rows."""
+        host = tensor.device
+        tensor = self._on_wire(tensor.contiguous())
+        n = self.size()
+        send = torch.tensor(splits, dtype=torch.int64, device=tensor.device)
+        recv = torch.empty(n, dtype=torch.int64, device=tensor.device)
+        self.wait(_Handle(dist.all_to_all_single(recv, send, group=self.group, async_op=True), lambda: recv),
+                  name + ".rows", self.timeout)
+        recv_splits = recv.tolist()
+        out = torch.empty((sum(recv_splits),) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        work = dist.all_to_all_single(out, tensor, recv_splits, list(splits), group=self.group, async_op=True)
+        return _Handle(work, lambda: out.to(host))
 
     def pair_exchange_async(self, block, name):
         """One allgather of the two ranks' equal-sized blocks; the result is the other's.

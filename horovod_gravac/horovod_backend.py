@@ -35,6 +35,13 @@ class HorovodBackend(CollectiveBackend):
     def allgather_async(self, tensor, name):
         return hvd.allgather_async(tensor, name=name, process_set=self.process_set)
 
+    def alltoall_async(self, tensor, splits, name):
+        """``hvd.alltoall`` with ``splits`` (Gloo's alltoallv: every pair of ranks swaps its
+        parts directly, so a rank sends only its rows for the others).  ``wait`` returns the
+        received rows (Horovod's result also carries the received splits)."""
+        return _Alltoall(hvd.alltoall_async(tensor.contiguous(), splits=torch.tensor(splits, dtype=torch.int32),
+                                            name=name, process_set=self.process_set))
+
     def pair_exchange_async(self, block, name):
         """Each rank puts its block in the half of a reducescatter's buffer that the other rank
         receives, zeros in its own half; an integer sum with zeros copies the bits exactly, and
@@ -57,15 +64,25 @@ class HorovodBackend(CollectiveBackend):
                                     process_set=self.process_set)
 
     def wait(self, handle, name: str, timeout: Optional[float] = None) -> torch.Tensor:
+        alltoall = isinstance(handle, _Alltoall)
+        handle = handle.handle if alltoall else handle
         bounded_wait(lambda: hvd.poll(handle), name, timeout, where=_where,
                      on_timeout=lambda: arm_exit_guard(hvd.shutdown) if hvd is _horovod else None)
         try:
-            return hvd.synchronize(handle)
+            out = hvd.synchronize(handle)
+            return out[0] if alltoall else out
         except Exception as exc:
             explained = _explained(exc, name)
             if explained is exc:
                 raise
             raise explained from exc
+
+
+class _Alltoall:
+    """An alltoall's Horovod handle (its result is a pair: the rows and the received splits)."""
+
+    def __init__(self, handle):
+        self.handle = handle
 
 
 def _where() -> str:
@@ -83,6 +100,8 @@ def _explained(exc: Exception, name: str) -> Exception:
                          f"for hvd.join() with uneven data "
                          f"use DistributedOptimizer(..., join_safe=True), which sends everything "
                          f"with allreduce.")
+    if "Mismatched operations" in str(exc):   # ranks chose different exchanges for one bucket
+        return MismatchedShapesError(f"{exc} (collective '{name}')")
     if "Mismatched data types" in str(exc) or "tensor shapes" in str(exc):
         # Horovod compared the ranks' dtypes and shapes (a payload's width is its dtype,
         # see wire.py) and moved nothing.

@@ -26,22 +26,33 @@ The kinds (``kind`` names them in ``optimizer.stats`` and tests):
 * ``SharedIndexAllreduce``: the same indices on every rank (shared-seed Random-k):
   only the values, in an allreduce (4 bytes per entry; 8 for float64), plus the step
   index to check that every rank drew the same indices.
+* ``SparseAllreduce``: the same payloads summed in two phases whose traffic does not grow
+  with the number of ranks (Ok-Topk's split-and-reduce, then an allgather of the regions'
+  selections); what the global selection drops stays in each rank's residual.
 * ``SlottedSparse``: ``join_safe``'s sparse wire: every rank's payload in a slot of
   an allreduce, which Horovod's ``join`` allows.
 * ``LowRankTransfer`` (``lowrank.py``): PowerSGD's two phases (P, then Q) in one object.
+
+Which of them carries a bucket is ``exchange.py``'s choice (by modelled cost, or as the
+``exchange=`` option says).  ``wire_bytes``: the bytes this rank's collectives put on its
+link by the ring algorithms Gloo runs (an allreduce of ``B`` bytes sends ``2 (P-1)/P B``,
+a ring allgather every block but the next rank's), statistics included.
 
 Collectives are submitted only through the link's backend (``backend.CollectiveBackend``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 from .backend import CollectiveBackend, ReduceOp
 from .cf import kept_count
 from .comm import MismatchedShapesError
+from .regions import (RegionPartition, combine, pack_block, propose, read_blocks, reduce_and_select,
+                      split_by_region)
 from .selection.payload import SparsePayload
 from .wire import (N_STATS, header_rows, pack, pack_slot, read_header_stats, read_slot_stats, row_words,
                    rows_dtype, slot_rows, split_stats, unpack_sum, with_stats)
@@ -81,11 +92,14 @@ class Transfer:
         self.control_bytes = 0   # the statistics carried for the controller
         self.handle = None
         self.started = False
+        self.local_stats: Optional[torch.Tensor] = None   # this rank's, as started with
         self.stats: Optional[torch.Tensor] = None   # rank-averaged, once a carrier finished
         self.wire_elements = 0   # this rank's collective tensor: entries (dense) or (k, 2) rows (sparse)
+        self.wire_bytes = 0      # bytes this rank's collectives send, by the ring algorithms (module docstring)
 
     def start(self, stats: Optional[torch.Tensor] = None) -> None:
         self.started = True
+        self.local_stats = stats
         self.handle = self._submit(stats)
 
     def advance(self) -> None:
@@ -114,6 +128,52 @@ class Transfer:
             self.control_bytes += tensor.element_size() * N_STATS
         return link.backend.allreduce_async(tensor, name, op, pre, post)
 
+    def _ring_allreduce_bytes(self, tensor: torch.Tensor, stats) -> int:
+        """Bytes a rank sends in a ring allreduce of ``tensor`` (with ``stats`` appended)."""
+        p = self.link.world
+        n, size = tensor.numel(), tensor.element_size()
+        if stats is not None:   # (wire.with_stats: a float32 copy, float64 for a float64 tensor)
+            n, size = n + N_STATS, 8 if tensor.dtype == torch.float64 else 4
+        return int(2 * (p - 1) * n * size // p) if p > 1 else 0
+
+    def _mean(self, total: torch.Tensor) -> torch.Tensor:
+        """A sum of the ranks' (prescaled) contributions, as ``op`` asks (postscale of the
+        predivide factor)."""
+        link = self.link
+        if not link.average:
+            return total
+        f = link.predivide
+        return total.div_(link.world) if f == 1.0 else total.mul_(f / link.world)
+
+    def _regather(self, payload: SparsePayload) -> torch.Tensor:
+        """The ranks called different collectives for this bucket (their decisions diverged
+        between two consensus checks, so ``exchange.py`` picked different exchanges for their
+        CFs; Horovod refused the collective on every rank, ``MismatchedShapesError``): every
+        rank sends ``payload`` (its whole contribution, prescaled) again with one allgather,
+        which takes any sizes, as the allgather path would have, and the bucket reports
+        ``"sparse"``.  Every rank adds the same gathered rows: ranks stay identical."""
+        return self._regather_finish(self._regather_start(payload))
+
+    def _regather_start(self, payload: SparsePayload):
+        """:meth:`_regather`'s allgather, submitted (its handle)."""
+        if self.local_stats is not None:
+            self.control_bytes = 4 * row_words(payload.values.dtype) * header_rows(N_STATS)
+        block = pack(payload, self.local_stats, self.numel)
+        self.wire_elements = block.shape[0]
+        return self.link.backend.allgather_async(block, self.name + ".ag"), payload.values.dtype
+
+    def _regather_finish(self, started) -> torch.Tensor:
+        handle, values_dtype = started
+        name = self.name + ".ag"
+        gathered = self.link.backend.wait(handle, name, self.link.timeout)
+        dtype = torch.float64 if values_dtype == torch.float64 else torch.float32
+        rows_dtype(gathered, dtype, name)
+        if self.with_stats:
+            self.stats = read_header_stats(gathered, self.link.world, N_STATS)
+        self.kind = "sparse"
+        self.wire_bytes += 4 * row_words(dtype) * (self.link.world - 1) * self.wire_elements
+        return self._mean(unpack_sum(gathered, self.numel, dtype, name))
+
     def _split_stats(self, out: torch.Tensor, mean: bool = False) -> torch.Tensor:
         """Strip the statistics an allreduce carried (a sum is averaged here)."""
         if not self.with_stats:
@@ -129,6 +189,7 @@ class DenseAllreduce(Transfer):
     def __init__(self, link, name, flat: torch.Tensor, with_stats: bool, compression):
         super().__init__(link, name, flat.numel(), flat.device, with_stats)
         self.compression = compression
+        self.flat = flat
         if with_stats:   # the statistics travel as float32 with the bucket: no wire compression
             self.wire, self.ctx = flat, None
         else:
@@ -138,10 +199,17 @@ class DenseAllreduce(Transfer):
         self.wire_elements = self.wire.numel()
 
     def _submit(self, stats):
+        self.wire_bytes = self._ring_allreduce_bytes(self.wire, stats)
         return self._allreduce(self.wire, self.name, stats)
 
     def finish(self) -> torch.Tensor:
-        out = self._split_stats(self._wait())
+        try:
+            out = self._split_stats(self._wait())
+        except MismatchedShapesError:   # another rank sent this bucket sparse: everything, regathered
+            pre, _ = self.link.scale_factors()
+            values = self.flat if pre == 1.0 else self.flat * pre
+            return self._regather(SparsePayload(values, torch.arange(self.numel, dtype=torch.int32,
+                                                                     device=self.flat.device)))
         if not self.with_stats:
             out = self.compression.decompress(out, self.ctx)
         return out if out.dtype == torch.float64 else out.float()   # a float64 bucket stays float64
@@ -167,14 +235,6 @@ class _Sparse(Transfer):
         pre, _ = self.link.scale_factors()
         return payload if pre == 1.0 else SparsePayload(payload.values * pre, payload.indices)
 
-    def _mean(self, total: torch.Tensor) -> torch.Tensor:
-        """The gathered rows' sum, as ``op`` asks (postscale of the predivide factor)."""
-        link = self.link
-        if not link.average:
-            return total
-        f = link.predivide
-        return total.div_(link.world) if f == 1.0 else total.mul_(f / link.world)
-
 
 class SparseAllgather(_Sparse):
     kind = "sparse"
@@ -193,11 +253,16 @@ class SparseAllgather(_Sparse):
         return self.link.backend.allgather_async(block, self.name)
 
     def finish(self) -> torch.Tensor:
-        return self._combine(self._wait())
+        try:
+            return self._combine(self._wait())
+        except MismatchedShapesError:   # another rank picked another exchange for this bucket
+            return self._regather(self.payload)
 
     def _combine(self, gathered: torch.Tensor) -> torch.Tensor:
         """Every rank's rows (rank order) -> the statistics, and the bucket's aggregate."""
         rows_dtype(gathered, self.dtype, self.name)   # before any header is read
+        if self.link.world > 1:   # a ring sends every block but the next rank's: about (P-1) blocks
+            self.wire_bytes = self.row_bytes * (self.link.world - 1) * self.wire_elements
         if self.with_stats:
             self.stats = read_header_stats(gathered, self.link.world, N_STATS)
         return self._mean(unpack_sum(gathered, self.numel, self.dtype, self.name))
@@ -226,13 +291,141 @@ class PairExchange(SparseAllgather):
         backend = self.link.backend
         try:
             other = self._wait()
-        except MismatchedShapesError:
+        except MismatchedShapesError:   # (the same rows as _regather's allgather)
             self.kind = "sparse"
             gathered = backend.wait(backend.allgather_async(self.block, self.name + ".ag"),
                                     self.name + ".ag", self.link.timeout)
             return self._combine(gathered)
         first = backend.rank() == 0
-        return self._combine(torch.cat([self.block, other] if first else [other, self.block]))
+        out = self._combine(torch.cat([self.block, other] if first else [other, self.block]))
+        self.wire_bytes = self.row_bytes * self.wire_elements   # its own block, once
+        return out
+
+
+class SparseAllreduce(_Sparse):
+    """Every rank's sparse payload summed with traffic that does not grow with the number of
+    ranks: Ok-Topk's split-and-reduce over a balanced partition of the index space, then an
+    allgather of each region's selection (Li and Hoefler, PPoPP 2022; ``regions.py``).
+
+    1. ``start``: each rank splits its rows by region (``regions.split_by_region``) and one
+       alltoall sends region ``j``'s rows to rank ``j``, which owns it.
+    2. ``advance``: each owner adds the rows it received in source-rank order and keeps the
+       ``quota = ceil(k / P)`` sums of largest magnitude (``k`` = ``kept_count(numel, cf)``,
+       the same on every rank); one allgather of the owners' blocks (with the statistics when
+       this is the carrier, and each rank's proposal for the next step's boundaries).
+    3. ``finish``: the blocks' rows added into the bucket (regions do not overlap), divided
+       as ``op`` asks.
+
+    Semantics: the global top-``k`` of the sum of the ranks' payloads, region by region
+    (each region keeps its own largest ``k / P`` sums; the balanced partition makes that the
+    global top-``k`` when the payloads' large sums spread as their entries do).  It is not
+    the allgather's per-rank top-``k`` summed: a sum the selection drops is not sent, and
+    every rank keeps its own share of it in its residual (``commit``: only the entries of
+    this rank's payload whose index was selected count as sent), to be sent at a later step.
+    A kept sum is bit for bit the allgather path's (the same additions in the same order),
+    and when no region receives more than ``quota`` distinct indices the aggregate is the
+    allgather path's exactly.  Every rank builds the aggregate from the same gathered blocks:
+    ranks stay bitwise identical.
+
+    Bytes a rank sends, ``r`` bytes a row (8; 12 for float64 values): about
+    ``(P-1)/P * r k`` in the alltoall (its rows for the other regions) plus ``(P-1) * r q``
+    in the ring allgather, with ``q = ceil(k/P)``: about ``2 (P-1)/P * r k`` in all
+    (Ok-Topk's bound is ``6 k (P-1)/P`` words; an allgather of the payloads sends
+    ``(P-1) * r k``), plus ``1 + P`` header rows a block (and the statistics' ``2 n``).
+    ``wire_bytes`` counts them as sent."""
+
+    kind = "sparse_allreduce"
+    #: The global selection keeps ``KEEP * k`` sums (tests raise it until nothing is dropped).
+    KEEP = 1.0
+
+    def __init__(self, link, name, payload, numel, device, with_stats, cf: float, partition: RegionPartition,
+                 generator: Optional[torch.Generator] = None):
+        super().__init__(link, name, payload, numel, device, with_stats)
+        self.raw = payload
+        self.payload = self._prescaled(payload)
+        world = max(1, link.world)
+        self.quota = max(1, math.ceil(self.KEEP * kept_count(numel, cf) / world))
+        self.partition, self.generator = partition, generator
+        k = payload.values.numel()
+        self.bytes_sent, self.floats_sent = self.row_bytes * k, 2 * k
+        self.handle2 = None
+        self.regathered = None   # the allgather of Transfer._regather, when ranks disagreed
+        self.selected: Optional[torch.Tensor] = None   # every selected index (the gathered rows' last column)
+        self._kept: Optional[torch.Tensor] = None
+        self.distinct = 0       # distinct indices this rank received as an owner
+        self.kept = 0           # sums this rank kept as an owner
+
+    def _submit(self, stats):
+        world = self.link.world
+        rows = pack(self.payload)
+        bounds = self.partition.boundaries(self.name, self.numel, world)
+        rows, splits = split_by_region(rows, bounds, world)
+        self.splits = splits
+        self.proposal = propose(self.payload.indices, self.numel, world)
+        me = self.link.backend.rank()
+        self.wire_elements = rows.shape[0]
+        self.first_rows = sum(splits) - splits[me]   # rows that leave this rank in the alltoall
+        return self.link.backend.alltoall_async(rows, splits, self.name)
+
+    def advance(self) -> None:
+        if self.handle2 is not None or self.regathered is not None or not self.started:
+            return
+        try:
+            received = self._wait()
+        except MismatchedShapesError:   # another rank picked another exchange for this bucket
+            self.regathered = self._regather_start(self.payload)
+            self.selected = self.sent_indices
+            return
+        world = self.link.world
+        idx, vals, self.distinct = reduce_and_select(received, self.dtype, self.quota, self.generator)
+        self.kept = idx.numel()
+        if self.local_stats is not None:
+            self.control_bytes += self.row_bytes * 2 * self.local_stats.numel()
+        block = pack_block(idx, vals, self.payload.values.numel(), self.proposal, self.local_stats,
+                           self.numel, world)
+        self.block_rows = block.shape[0]
+        self.handle2 = self.link.backend.allgather_async(block, self.name + ".gather")
+
+    def finish(self) -> torch.Tensor:
+        self.advance()
+        if self.regathered is not None:
+            return self._regather_finish(self.regathered)
+        name = self.name + ".gather"
+        gathered = self.link.backend.wait(self.handle2, name, self.link.timeout)
+        rows_dtype(gathered, self.dtype, name)
+        world = self.link.world
+        counts, proposals, stats, block_rows = read_blocks(gathered, world, N_STATS if self.with_stats else 0)
+        if self.with_stats:
+            self.stats = stats
+        self.partition.update(self.name, self.numel, world, combine(proposals, counts, self.numel, world))
+        me = self.link.backend.rank()
+        # the ring allgather sends every block but the next rank's
+        self.wire_bytes = self.row_bytes * (self.first_rows + gathered.shape[0] - block_rows[(me + 1) % world])
+        self.selected = gathered[:, -1]
+        return self._mean(unpack_sum(gathered, self.numel, self.dtype, name))
+
+    def commit(self, memory, key):
+        """Only the entries of this rank's payload that the global selection kept were sent;
+        the rest stay in the residual."""
+        memory.sent_sparse(key, self.delivered_indices())
+
+    def _kept_mask(self) -> torch.Tensor:
+        """For each entry of this rank's payload: did the global selection keep its index?"""
+        if self._kept is None:
+            mask = torch.zeros(self.numel + 1, dtype=torch.bool, device=self.selected.device)
+            mask[self.selected.long()] = True
+            self._kept = mask[self.sent_indices.long()]
+        return self._kept
+
+    def delivered_indices(self) -> torch.Tensor:
+        """The indices of this rank's payload that the global selection kept."""
+        return self.sent_indices[self._kept_mask()]
+
+    def dropped(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(values, indices) of this rank's payload that the global selection dropped (what
+        stays in the residual)."""
+        drop = ~self._kept_mask()
+        return self.raw.values[drop], self.sent_indices[drop]
 
 
 class SlottedSparse(_Sparse):
@@ -257,6 +450,7 @@ class SlottedSparse(_Sparse):
         backend = self.link.backend
         buf = pack_slot(self.payload, stats, self.numel, self.link.world, backend.rank(), self.cap, N_STATS)
         self.wire_elements = buf.shape[0]
+        self.wire_bytes = self._ring_allreduce_bytes(buf, None)
         return backend.allreduce_async(buf, self.name, ReduceOp.SUM)
 
     def finish(self) -> torch.Tensor:
@@ -286,10 +480,17 @@ class SharedIndexAllreduce(_Sparse):
         self.wire_elements = values.numel()
 
     def _submit(self, stats):
+        self.wire_bytes = self._ring_allreduce_bytes(self.values, stats)
         return self._allreduce(self.values, self.name, stats)
 
     def finish(self) -> torch.Tensor:
-        out = self._split_stats(self._wait())
+        try:
+            out = self._split_stats(self._wait())
+        except MismatchedShapesError:   # another rank picked another exchange for this bucket
+            pre, _ = self.link.scale_factors()
+            k = self.sent_indices.numel()
+            values = self.values[:k] if pre == 1.0 else self.values[:k] * pre
+            return self._regather(SparsePayload(values, self.sent_indices))
         if self.step_index is not None:
             out = self._check_step(out)
         aggregated = torch.zeros(self.numel, dtype=out.dtype, device=self.device)
