@@ -37,7 +37,7 @@ Inside a rank (launched by ``benchmarks/generalization.py``, under Horovod or
 
 ``--controller`` takes ``dense``, ``topk:<CF>``, ``accordion`` (Top-k 10x/1000x),
 ``gravac`` (``GraVAC()`` with its defaults, the window scaled to the run) or
-``gravac:<variant>``; with ``--ddp`` also DDP's own hooks ``ddp-fp16`` and
+``gravac:<key>=<value>,...`` (settings of ``GraVAC``, e.g. ``gravac:variant=paper``); with ``--ddp`` also DDP's own hooks ``ddp-fp16`` and
 ``ddp-powersgd:<rank>``.  The run directory has the harness's format
 (``horovod_gravac.harness.runlog``).
 """
@@ -370,10 +370,14 @@ def make_controller(spec: str, w: Workload):
         return hg.StaticCF(float(spec.split(":")[1]))
     if spec == "accordion":
         return hg.Accordion(low_cf=10, high_cf=1000, interval=w.window)
-    if spec == "gravac":
-        return hg.GraVAC(window=w.window)
-    if spec.startswith("gravac:"):
-        return hg.GraVAC(window=w.window, variant=spec.split(":", 1)[1])
+    if spec == "gravac" or spec.startswith("gravac:"):
+        # gravac[:key=value,...]: GraVAC() with the window scaled to the run, and those settings
+        kwargs = {"window": w.window}
+        for item in filter(None, spec.partition(":")[2].split(",")):
+            key, _, value = item.partition("=")
+            kwargs[key] = value if key in ("variant", "policy") else float(value) \
+                if "." in value or "e" in value else int(value)
+        return hg.GraVAC(**kwargs)
     raise ValueError(f"unknown --controller {spec!r}")
 
 
