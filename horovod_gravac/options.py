@@ -152,14 +152,11 @@ def is_wire_compression(obj) -> bool:
 
 def _compression_name(obj) -> str:
     """``hvd.Compression.fp16`` for Horovod's own, else the class's dotted name."""
-    try:
-        from horovod.torch.compression import Compression
-        for attr in ("none", "fp16"):
-            if obj is getattr(Compression, attr, None):
-                return f"hvd.Compression.{attr}"
-    except Exception:  # pragma: no cover - without Horovod
-        pass
+    # Named by module and class rather than imported: the options stay Horovod-free.
     cls = obj if isinstance(obj, type) else type(obj)
+    horovods = {"NoneCompressor": "none", "FP16Compressor": "fp16"}
+    if cls.__module__ == "horovod.torch.compression" and cls.__name__ in horovods:
+        return f"hvd.Compression.{horovods[cls.__name__]}"
     return f"{cls.__module__}.{cls.__qualname__}" + ("" if isinstance(obj, type) else "()")
 
 
