@@ -368,6 +368,9 @@ def make_controller(spec: str, w: Workload):
         return hg.Dense()
     if spec.startswith("topk:"):
         return hg.StaticCF(float(spec.split(":")[1]))
+    if spec.startswith("schedule:"):   # schedule:100@0,10@300 - a CF that changes at given steps
+        from horovod_gravac.harness.train import ScheduledCF, parse_cf_schedule
+        return ScheduledCF(parse_cf_schedule(spec.split(":", 1)[1]))
     if spec == "accordion":
         return hg.Accordion(low_cf=10, high_cf=1000, interval=w.window)
     if spec == "gravac" or spec.startswith("gravac:"):
