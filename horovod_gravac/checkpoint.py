@@ -298,12 +298,12 @@ def _normalise(field, value):
     if field == "parameters" and value is not None:
         return [(n, tuple(s), str(d)) for n, s, d in value]
     if field == "controller" and isinstance(value, dict) and value.get("type") == "GraVAC":
-        from .controllers.gravac import DEFAULT_COHERENCE_MAX
-        # coherence_max: "predictive" held nothing before it (1.0); the other rule sets do not
-        # read it and store the default.
-        added = {**_GRAVAC_SETTINGS_ADDED,
-                 "coherence_max": 1.0 if value.get("variant") == "predictive" else DEFAULT_COHERENCE_MAX}
-        return {**added, **value}
+        # coherence_max: "predictive" held nothing before it existed (1.0); the other rule sets
+        # do not read it, so whatever they stored compares equal.
+        value = {**_GRAVAC_SETTINGS_ADDED, "coherence_max": 1.0, **value}
+        if value.get("variant") != "predictive":
+            value["coherence_max"] = None
+        return value
     return value
 
 

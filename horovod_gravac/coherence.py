@@ -13,21 +13,23 @@ Large-Batch Training*, 2018: the critical batch size.)
 The statistic is the cosine between a rank's raw gradients at consecutive steps. Two
 independent minibatch gradients of a slowly moving G have an expected inner product of
 about |G|^2, while each has a squared norm of about |G|^2 plus the noise.  So the cosine
-estimates the signal's share, near 0 when noise dominates.  It is measured on a fixed,
-evenly strided sample of each bucket's coordinates: at most ``SAMPLE_MAX`` per bucket, kept
-from one step to the next.  This costs no communication beyond three float64 statistics
-that ride with the step's others (``wire.StepStats``).
+estimates the signal's share of one rank's gradient, near 0 when noise dominates.  It is
+measured on a fixed, evenly strided sample of each bucket's coordinates: at most
+``SAMPLE_MAX`` per bucket, kept from one step to the next.  This costs no communication
+beyond three float64 statistics that ride with the step's others (``wire.StepStats``).
+Consecutive batches that are not independent (consecutive chunks of one text) read higher
+than their signal share, which errs toward holding the lowest CF.
 
-On the adaptivity benchmark, the default's windows (``windows.csv``, column ``coherence``:
-the mean over the last window's steps at each check, 2 ranks, three seeds):
-- the character LSTM read 0.17-0.86 (median 0.31-0.34);
-- the 1D CNN on digits read at most 0.14 in its first 150 steps and at most 0.13 after
-  (median 0.03-0.06);
-- the 1D CNN on signals read up to 0.22 in its first 300 steps and at most 0.12 after.
-
-Only static Top-k 10x keeps the LSTM's perplexity.  The CNNs hold dense accuracy at
-100-320x.  ``GraVAC(variant="predictive")`` holds theta_min while the coherence is high
-(``controllers/predictive.py``: above 0.2, until it falls below 0.12).
+What the step applies is the gradient averaged over N ranks, whose noise is 1/N of one
+rank's: its signal share is ``N c / (1 + (N - 1) c)`` for a per-rank share ``c``
+(:func:`signal_share`).  It is one half where the noise of the averaged gradient equals its
+signal, i.e. where the global batch is McCandlish's critical batch size: below it a step's
+progress is limited by noise, and the error that compression adds (what a sparsifier drops
+and error feedback delays) is one more noise that SGD averages out; above it each step's
+gradient is mostly information the next step needs, and delaying part of it costs progress.
+:func:`hold_coherence` is the per-rank cosine at that point, ``1 / (N + 1)``: the threshold
+``GraVAC(variant="predictive")`` holds theta_min above (``controllers/predictive.py``).
+docs/benchmarks.md has the readings on the benchmarks' workloads.
 """
 from __future__ import annotations
 
@@ -98,10 +100,26 @@ def coherence(dot: float, now_sq: float, prev_sq: float) -> Optional[float]:
     return dot / math.sqrt(now_sq * prev_sq)
 
 
+def signal_share(c: float, n: int) -> float:
+    """The signal's share of the gradient averaged over ``n`` ranks, from the share ``c`` of
+    one rank's (its coherence, clipped to [0, 1]): ``n c / (1 + (n - 1) c)``."""
+    c = min(max(float(c), 0.0), 1.0)
+    n = max(1, int(n))
+    return n * c / (1.0 + (n - 1) * c)
+
+
+def hold_coherence(n: int) -> float:
+    """The per-rank coherence at which the gradient averaged over ``n`` ranks is half signal,
+    half noise (``signal_share(1 / (n + 1), n) == 0.5``): the global batch is then the
+    critical batch size (module doc)."""
+    return 1.0 / (max(1, int(n)) + 1)
+
+
 def mean_coherence(values) -> Optional[float]:
     """The mean over an interval's steps of those that had a value."""
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
 
 
-__all__ = ["SAMPLE_MAX", "sample_stride", "CoherenceSampler", "coherence", "mean_coherence"]
+__all__ = ["SAMPLE_MAX", "sample_stride", "CoherenceSampler", "coherence", "signal_share", "hold_coherence",
+           "mean_coherence"]

@@ -26,11 +26,9 @@ from ..policy import make_policy
 from ..throughput import ThroughputTable
 from .base import DENSE, Controller, Decision, StepObservation, bounded_history
 
-#: The rule set ``GraVAC()`` uses when none is given: the predictive one (``predictive.py``).
-#: On the adaptivity benchmark's communication-bound CNNs it reached dense accuracy in 1.23x
-#: and 1.33x the time of the best static CF over three seeds, and 0.96x and 0.65x
-#: Accordion's; on the character LSTM, where only static Top-k 10x keeps dense perplexity,
-#: its coherence hold keeps it at 10x (docs/benchmarks.md).
+#: The rule set ``GraVAC()`` uses when none is given: the predictive one (``predictive.py``),
+#: which moves to the CF its step-time model predicts fastest in one move instead of one rung
+#: per window, and holds theta_min while the gradient is mostly signal.
 #: ``variant="paper"`` is Algorithm 1 exactly as published.
 DEFAULT_VARIANT = "predictive"
 
@@ -38,24 +36,19 @@ DEFAULT_VARIANT = "predictive"
 VARIANTS = ("paper", "ladder", "delivered", "predictive")
 
 #: epsilon when none is given.  "paper" and "ladder" compare the paper's per-step gain with it
-#: (0.7, the paper's default).  "delivered" compares another quantity, the share of a window's
-#: debt that error feedback delivered, which reads higher: it needs 0.9 to keep dense accuracy.
-#: "predictive" judges that gain too, and jumps several rungs at once on a prediction from it.
-#: At 0.95 it sat at 40-80x on the benchmark's signals CNN, where 160x cost no accuracy, and
-#: was only level with Accordion there; at 0.9, with a CF kept down to 0.81 once it passed its
-#: trial, it sends 160-320x on both CNNs and still holds 10x on the LSTM (docs/benchmarks.md).
+#: (0.7, the paper's default).  "delivered" and "predictive" compare another quantity, the
+#: share of a window's debt that error feedback delivered (cos^2 of what was sent against what
+#: was owed, ``delivered.window_gain``).  It reads higher than the paper's gain for the same CF
+#: because error feedback sends later what one step drops; 0.9 asks that at most a tenth of a
+#: window's gradient is still held back at its end.  A CF that passed is kept while it reads at
+#: least epsilon squared (``predictive.py``).  Tuning: raise it toward 1 to trade speed for a
+#: closer trajectory to dense SGD; lower it for more compression.
 DEFAULT_EPSILON = {"paper": 0.7, "ladder": 0.7, "delivered": 0.9, "predictive": 0.9}
 
 
 #: The scaling policy when none is given.
 DEFAULT_POLICY = {"paper": "exponential", "ladder": "exponential", "delivered": "exponential",
                   "predictive": "geometric"}
-
-#: coherence_max when none is given ("predictive" only; ``coherence.py``): above it, the
-#: gradient is signal-rich enough that compressing beyond theta_min costs accuracy.  On the
-#: adaptivity benchmark, window means of the character LSTM read 0.17-0.86, the 1D CNNs' at
-#: most 0.14 (the signals CNN 0.17 in its first 300 steps; ``coherence.py``).
-DEFAULT_COHERENCE_MAX = 0.2
 
 
 def _check_int(value, name: str, low: int) -> int:
@@ -100,8 +93,9 @@ class GraVAC(Controller):
             candidate fails epsilon (off by default).
         coherence_max: ``"predictive"`` only: hold theta_min while the gradient coherence (the
             cosine of a rank's consecutive gradients, ``coherence.py``), averaged over the
-            last window, is above this (let go below 0.6 times it), in (0, 1]; None:
-            ``DEFAULT_COHERENCE_MAX`` (0.2); 1.0 turns the hold off.
+            last window, is at least this, in (0, 1].  None (the default): ``1 / (N + 1)``
+            for N ranks, where the rank-averaged gradient is half signal
+            (``coherence.hold_coherence``); 1.0 turns the hold off.
 
     Every rule set takes every setting (they are one signature and one ``config()``), and
     reads those it names.
@@ -176,12 +170,11 @@ class GraVAC(Controller):
             raise ValueError(f"ewma_alpha must be in (0, 1] or None, got {ewma_alpha!r}")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-        if coherence_max is None:
-            coherence_max = DEFAULT_COHERENCE_MAX
-        if isinstance(coherence_max, bool) or not isinstance(coherence_max, (int, float)) \
-                or math.isnan(coherence_max) or not (0.0 < coherence_max <= 1.0):
+        if coherence_max is not None and (
+                isinstance(coherence_max, bool) or not isinstance(coherence_max, (int, float))
+                or math.isnan(coherence_max) or not (0.0 < coherence_max <= 1.0)):
             raise ValueError(f"coherence_max must be in (0, 1] or None, got {coherence_max!r}")
-        self.coherence_max = float(coherence_max)
+        self.coherence_max = None if coherence_max is None else float(coherence_max)
         self.epsilon = float(epsilon)
         self.omega = float(omega)
         self.policy = make_policy(DEFAULT_POLICY.get(variant, "exponential") if policy is None else policy)

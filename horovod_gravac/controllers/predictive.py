@@ -28,27 +28,25 @@ A move is a trial: its check comes ``probe_steps`` steps later (a quarter window
 default), so a CF that fails costs a short interval, and a CF that fails steps down to the
 highest rung below it not known to fail.  A CF on trial (any CF that has not passed a check
 since it last failed) must pass epsilon; a CF that passed is kept (``kept``) while its gain
-is at least ``keep_epsilon`` = epsilon squared (0.81 at the
-default 0.9: about twice the loss a trial may show).  Past its trial a CF's window gain
-drifts down and moves by 0.02-0.05 from window to window: on the benchmark's signals CNN,
-160x passed its trial at 0.91-0.92 and then read 0.83-0.94 for the rest of the run, which
-reached dense accuracy at the same step as at 40x; one threshold would have stepped it
-down and back on those readings.  A failed CF is not tried again for
+is at least ``keep_epsilon`` = epsilon squared (about twice the loss a trial may show).  The
+window gain of a CF that is kept moves from window to window with the gradient's noise, and
+drifts down as the run converges; one threshold for both would step a good CF down and back
+on that noise, each time paying a trial.  A failed CF is not tried again for
 ``remeasure_windows`` windows, doubled after each further failure (as in ``delivered``).
 The first CF is judged after ``probe_steps`` too.  A check without a move comes a full
 ``window`` later.
 
-The gain cannot tell whether what a CF drops matters; the gradient coherence can
-(``coherence.py``).  While the gradient is mostly signal, the CF is held at theta_min: a
-check that would climb stays there (or comes back down), with move "hold", and the next
-check comes ``probe_steps`` later.  The hold reads the mean coherence over the last
-``window`` steps, with hysteresis: it starts held, holds once that mean is above
-``coherence_max``, and lets go only when it falls below ``RELEASE * coherence_max``.  A
-single short trial above 10x cost the benchmark's character LSTM its target perplexity, so a
-noisy reading must not let go (the LSTM reads 0.17-0.86, never below 0.12); a model whose
-noise dominates reads far below (the 1D CNNs: a median of 0.03-0.09).  Early in training
-the signals CNN reads 0.15-0.17 for a few windows, where compressing costs it nothing: the
-hold takes hold again only above 0.2.
+The gain cannot tell whether what a CF drops matters; the signal share of the gradient can
+(``coherence.py``).  While the gradient the ranks average is at least half signal (the mean
+coherence over the last ``window`` steps at least ``coherence.hold_coherence(N)`` =
+``1 / (N + 1)`` for N ranks, or ``coherence_max`` when set), the CF is held at theta_min: a
+check that would climb stays there (or comes back down), with move "hold", and the next check
+comes ``probe_steps`` later.  The run starts held, until the first reading.  The threshold is
+where the global batch is the critical batch size: below it, compression's error is one more
+noise next to the sampling noise SGD already averages out; above it, it delays information.
+It depends on N: more ranks average more noise away, so the same per-rank reading is more
+signal at 8 ranks than at 2.  There is no hysteresis: the window mean is already smoothed
+over ``window`` steps, and a hold that was not needed costs one probe interval at theta_min.
 """
 from __future__ import annotations
 
@@ -56,7 +54,7 @@ import statistics
 from collections import deque
 from typing import Dict, List, Optional, Tuple
 
-from ..coherence import mean_coherence
+from ..coherence import hold_coherence, mean_coherence, signal_share
 from .base import DENSE, Decision, StepObservation
 from .delivered import window_gain
 from .gravac import GraVAC
@@ -88,7 +86,9 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
     ``compute_time`` (the step's compute estimate, s), ``comm_time`` (CF -> median
     communication wait per step measured at it, s), ``predicted_step`` (CF -> the step time
     predicted at the last check, s), ``kept`` (the CFs that passed a check and have not failed
-since: judged against ``keep_epsilon`` rather than epsilon)."""
+    since: judged against ``keep_epsilon`` rather than epsilon), ``coherence`` and
+    ``signal_share`` (the last window's mean coherence and the rank-averaged gradient's signal
+    share from it, at the last check), ``hold_threshold`` and ``holding``."""
 
     needs_accumulation = True
     tracks_delivery = True
@@ -98,8 +98,9 @@ since: judged against ``keep_epsilon`` rather than epsilon)."""
     RETRY_BACKOFF_MAX = 8
 
     def _start_rule_set(self) -> None:
-        self.needs_coherence = self.coherence_max < 1.0
+        self.needs_coherence = self.coherence_max is None or self.coherence_max < 1.0
         self.coherence: Optional[float] = None   # the mean over the last window's steps, at the last check
+        self.signal_share: Optional[float] = None   # of the rank-averaged gradient, from that mean
         self.holding = self.needs_coherence      # held at theta_min by the coherence
         self._coherence_steps: deque = deque(maxlen=self.window)   # per step (None: not measured)
         self.probe_steps = max(1, self.window // 4)
@@ -145,9 +146,6 @@ since: judged against ``keep_epsilon`` rather than epsilon)."""
             self._coherence_steps.append(obs.coherence)
         return super().observe(obs)
 
-    #: The hold lets go below this share of ``coherence_max`` (hysteresis): 0.12 at the default 0.2.
-    RELEASE = 0.6
-
     @property
     def kept(self) -> set:
         """The CFs whose last check passed: measured (``delivered_gain``) and not failed since."""
@@ -158,16 +156,19 @@ since: judged against ``keep_epsilon`` rather than epsilon)."""
         """The gain below which a CF that passed its trial fails (module doc)."""
         return self.epsilon ** 2
 
+    @property
+    def hold_threshold(self) -> float:
+        """The mean coherence at or above which theta_min is held: ``coherence_max`` when set,
+        else ``1 / (N + 1)`` for this world size (module doc)."""
+        return self.coherence_max if self.coherence_max is not None else hold_coherence(self.world_size)
+
     def _signal_rich(self) -> bool:
-        """Whether to hold theta_min: the mean coherence of the last ``window`` steps, read
-        against ``coherence_max`` with hysteresis (module doc).  Unmeasured: no hold."""
+        """Whether to hold theta_min: the mean coherence of the last ``window`` steps against
+        ``hold_threshold`` (module doc).  Unmeasured: no hold."""
         self.coherence = mean_coherence(self._coherence_steps)
-        if not self.needs_coherence or self.coherence is None:
-            self.holding = False
-        elif self.holding:
-            self.holding = self.coherence >= self.RELEASE * self.coherence_max
-        else:
-            self.holding = self.coherence > self.coherence_max
+        self.signal_share = None if self.coherence is None else signal_share(self.coherence, self.world_size)
+        self.holding = bool(self.needs_coherence and self.coherence is not None
+                            and self.coherence >= self.hold_threshold)
         return self.holding
 
     def _decide(self, obs: StepObservation, window_end: bool) -> None:
@@ -267,7 +268,7 @@ since: judged against ``keep_epsilon`` rather than epsilon)."""
         self._record_check(sent, self.gain_min, self.gain_candidate, move=move, window_gain=measured,
                            judged_gain=gain, interval_steps=steps,
                            compute_time=self.compute_time, predicted_step=dict(self.predicted_step),
-                           coherence=self.coherence, threshold=threshold)
+                           coherence=self.coherence, signal_share=self.signal_share, threshold=threshold)
 
     # -- checkpointing ----------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -277,6 +278,7 @@ since: judged against ``keep_epsilon`` rather than epsilon)."""
                       "next_check": self._next_check, "interval_start": self._interval_start, "checks": self._checks,
                       "retry_at": dict(self._retry_at), "failures": dict(self._failures),
                       "interval": list(self._interval), "coherence": self.coherence,
+                      "signal_share": self.signal_share,
                       "holding": self.holding, "coherence_steps": list(self._coherence_steps)})
         return state
 
@@ -292,5 +294,6 @@ since: judged against ``keep_epsilon`` rather than epsilon)."""
         self._failures = {float(k): int(v) for k, v in state["failures"].items()}
         self._interval = [tuple(x) for x in state["interval"]]
         self.coherence = state.get("coherence")
+        self.signal_share = state.get("signal_share")
         self.holding = bool(state.get("holding", self.needs_coherence))
         self._coherence_steps = deque(state.get("coherence_steps", []), maxlen=self.window)

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from horovod_gravac.coherence import SAMPLE_MAX, CoherenceSampler, coherence, mean_coherence, sample_stride
+from horovod_gravac.coherence import (SAMPLE_MAX, CoherenceSampler, coherence, hold_coherence, mean_coherence,
+                                      sample_stride, signal_share)
 from horovod_gravac.controllers import GraVAC, StepObservation
 
 
@@ -76,46 +77,62 @@ def _observe(ctrl, steps, coherence_value, gain=0.999):
     return sent
 
 
+def _gravac(world=2, **kwargs):
+    ctrl = GraVAC(window=100, **kwargs)
+    ctrl.set_world_size(world)
+    return ctrl
+
+
+def test_signal_share_of_the_averaged_gradient_and_the_coherence_where_it_is_one_half():
+    assert signal_share(0.0, 8) == 0.0 and signal_share(1.0, 8) == 1.0
+    assert signal_share(0.25, 1) == pytest.approx(0.25)   # one rank: its own share
+    assert signal_share(0.2, 8) == pytest.approx(1.6 / 2.4)   # 8 ranks average 7/8 of the noise away
+    for n in (1, 2, 3, 8, 64):
+        assert hold_coherence(n) == pytest.approx(1 / (n + 1))
+        assert signal_share(hold_coherence(n), n) == pytest.approx(0.5)
+    assert signal_share(-0.3, 2) == 0.0 and signal_share(1.7, 2) == 1.0   # clipped readings
+
+
 def test_a_signal_rich_gradient_holds_theta_min_and_a_noisy_one_climbs():
-    rich = GraVAC(window=100)
-    assert rich.coherence_max == 0.2 and rich.needs_coherence and rich.config()["coherence_max"] == 0.2
-    sent = _observe(rich, 200, coherence_value=0.3)
+    rich = _gravac()
+    assert rich.coherence_max is None and rich.needs_coherence and rich.config()["coherence_max"] is None
+    assert rich.hold_threshold == pytest.approx(1 / 3)
+    sent = _observe(rich, 200, coherence_value=0.4)
     assert set(sent) == {10.0}
-    assert {h["move"] for h in rich.history} == {"hold"} and rich.coherence == pytest.approx(0.3)
+    assert {h["move"] for h in rich.history} == {"hold"} and rich.coherence == pytest.approx(0.4)
+    assert rich.signal_share == pytest.approx(0.8 / 1.4) and rich.history[-1]["signal_share"] == rich.signal_share
     assert len(rich.history) == 200 // 25   # held: checked again after a probe interval, not a window
-    noisy = GraVAC(window=100)
+    noisy = _gravac()
     sent = _observe(noisy, 50, coherence_value=0.05)
     assert max(sent) > 10.0 and noisy.history[0]["move"] == "up"
 
 
 def test_the_hold_brings_a_climbed_cf_back_to_theta_min_and_lets_go_when_the_noise_returns():
-    ctrl = GraVAC(window=100)
+    ctrl = _gravac()
     _observe(ctrl, 25, coherence_value=0.05)
     assert ctrl.decision.send_cf > 10.0 and not ctrl.holding
-    _observe(ctrl, 25, coherence_value=0.5)   # the window's mean: (25 x 0.05 + 25 x 0.5) / 50
+    _observe(ctrl, 25, coherence_value=0.8)   # the window's mean: (25 x 0.05 + 25 x 0.8) / 50 = 0.425
     assert ctrl.decision.send_cf == 10.0 and ctrl.history[-1]["move"] == "hold" and ctrl.holding
-    sent = _observe(ctrl, 125, coherence_value=0.05)
-    assert ctrl.holding is False and max(sent) > 10.0   # let go once the window's mean fell below 0.12
-    assert set(sent[:75]) == {10.0}   # (the mean first falls below 0.12 at the check of step 150)
-    assert ctrl.coherence == pytest.approx(0.05)
+    sent = _observe(ctrl, 25, coherence_value=0.05)   # (25 x 0.05 + 25 x 0.8 + 25 x 0.05) / 75 = 0.3
+    assert set(sent) == {10.0} and not ctrl.holding and ctrl.decision.send_cf > 10.0
+    assert ctrl.coherence == pytest.approx(0.3)
 
 
-def test_the_hold_has_hysteresis_between_0_6_and_1_times_coherence_max():
-    """A window mean of 0.17 (between 0.12 and 0.2: the signals CNN's early windows) keeps
-    whatever state the hold is in: a held run stays held, a free one stays free."""
-    held = GraVAC(window=100)
-    assert held.holding   # it starts held
-    assert set(_observe(held, 100, coherence_value=0.17)) == {10.0} and held.holding
-    free = GraVAC(window=100)
-    _observe(free, 25, coherence_value=0.05)
-    _observe(free, 175, coherence_value=0.17)
-    assert not free.holding and free.decision.send_cf > 10.0
+def test_the_threshold_follows_the_world_size():
+    """The same per-rank reading is mostly noise at 2 ranks and mostly signal at 8, where the
+    averaged gradient keeps an eighth of one rank's noise."""
+    two, eight = _gravac(world=2), _gravac(world=8)
+    assert max(_observe(two, 50, coherence_value=0.2)) > 10.0 and not two.holding
+    assert set(_observe(eight, 50, coherence_value=0.2)) == {10.0} and eight.holding
+    assert eight.signal_share == pytest.approx(1.6 / 2.4)
+    fixed = _gravac(world=8, coherence_max=0.25)   # a threshold set by hand does not move
+    assert fixed.hold_threshold == 0.25 and max(_observe(fixed, 50, coherence_value=0.2)) > 10.0
 
 
 def test_no_coherence_measured_does_not_hold_and_coherence_max_1_turns_the_hold_off():
-    ctrl = GraVAC(window=100)
+    ctrl = _gravac()
     assert max(_observe(ctrl, 50, coherence_value=None)) > 10.0
-    off = GraVAC(window=100, coherence_max=1.0)
+    off = _gravac(coherence_max=1.0)
     assert not off.needs_coherence and max(_observe(off, 50, coherence_value=0.9)) > 10.0
 
 
@@ -126,15 +143,15 @@ def test_a_bad_coherence_max_is_refused(bad):
 
 
 def test_the_hold_survives_a_checkpoint():
-    ctrl = GraVAC(window=100)
-    _observe(ctrl, 10, coherence_value=0.4)
-    copy = GraVAC(window=100)
+    ctrl = _gravac()
+    _observe(ctrl, 10, coherence_value=0.9)
+    copy = _gravac()
     copy.load_state_dict(ctrl.state_dict())
     _observe(ctrl, 15, coherence_value=0.0)
     _observe(copy, 15, coherence_value=0.0)
-    # the window's mean (10 x 0.4 + 15 x 0) / 25 = 0.16 keeps both held
+    # the window's mean (10 x 0.9 + 15 x 0) / 25 = 0.36 keeps both held at 2 ranks
     assert ctrl.history[-1]["move"] == copy.history[-1]["move"] == "hold"
-    assert ctrl.coherence == copy.coherence == pytest.approx(0.16)
+    assert ctrl.coherence == copy.coherence == pytest.approx(0.36)
 
 
 @pytest.mark.parametrize("variant,accepted", [("ladder", True), ("paper", True), ("predictive", False)])
