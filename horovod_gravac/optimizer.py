@@ -499,7 +499,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         """What the last step sent, one entry per bucket: (transfer kind, bucket entries,
         entries of this rank's collective tensor: floats of a dense allreduce, (k, 2) rows of
         a sparse exchange).  The kinds are ``transfers.py``'s (``"dense"``, ``"pair"``,
-        ``"sparse"``, ...); ``benchmarks/step_time.py`` times bare Horovod calls of them."""
+        ``"sparse"``, ...); ``python -m benchmarks.step_cost network`` times bare Horovod calls of
+        them."""
         return list(self._last_collectives)
 
     def reset_timer(self) -> None:

@@ -21,10 +21,10 @@
 #      size, 40 steps each on random data in the real formats (scripts/make_synthetic_datasets.py),
 #      GraVAC (both policies) and Accordion                              -> harness_*.txt, harness/
 #   6. what compression costs a training step: ResNet101/CIFAR-10, one rank, plain torch, the dense
-#      controller and each static compressor (python -m benchmarks.step_cost --device cuda,
+#      controller and each static compressor (python -m benchmarks.step_cost compressors --device cuda,
 #      about 2.5 minutes on an H100)                                        -> step_cost_cuda.txt
 #      and the launches, views, host syncs and host time the optimizer adds to a step over plain
-#      torch, ResNet101 and VGG16 at full size (python -m benchmarks.step_launches --device cuda)
+#      torch, ResNet101 and VGG16 at full size (python -m benchmarks.step_cost launches --device cuda)
 #                                                                           -> step_launches_cuda.txt
 #   summary.txt: one line per step.  The results folder is printed at the end.
 #
@@ -172,10 +172,10 @@ elif [ "$HVD" != 1 ]; then
   note "SKIP  step cost: Horovod is not installed for $PYTHON"
 else
   # What the optimizer adds to a step in launches, views, syncs and host time (seconds).
-  step "step launches: python -m benchmarks.step_launches --device cuda" "$RESULTS/step_launches_cuda.txt" \
-    "$PYTHON" -m benchmarks.step_launches --device cuda --top 8
-  step "step cost: python -m benchmarks.step_cost --device cuda" "$RESULTS/step_cost_cuda.txt" \
-    "$PYTHON" -m benchmarks.step_cost --device cuda
+  step "step launches: python -m benchmarks.step_cost launches --device cuda" "$RESULTS/step_launches_cuda.txt" \
+    "$PYTHON" -m benchmarks.step_cost launches --device cuda --top 8
+  step "step cost: python -m benchmarks.step_cost compressors --device cuda" "$RESULTS/step_cost_cuda.txt" \
+    "$PYTHON" -m benchmarks.step_cost compressors --device cuda
 fi
 
 echo

@@ -22,7 +22,7 @@
 #   or run the step-cost table in a second call (GPU_CHECK_SKIP_BUILD=1 reuses the build
 #   while the machine is still warm).
 # ddp: the DDP hook with NCCL on one rank: pytest -m cuda tests/unit/test_ddp_cuda.py, then its
-#   step cost (python -m benchmarks.ddp_step_cost --device cuda: ResNet-50, every
+#   step cost (python -m benchmarks.step_cost ddp --device cuda: ResNet-50, every
 #   configuration against DDP's default hook).  Needs neither Horovod nor .whl/; writes
 #   pytest_ddp_cuda.txt and ddp_step_cost_cuda.txt to $OUT (or reports/gpu_check/).  About a
 #   minute on an H200.
@@ -86,7 +86,7 @@ ddp() {
   local rc=0
   "$py" -m pytest -m cuda -v -rs -p no:cacheprovider tests/unit/test_ddp_cuda.py > "$dir/pytest_ddp_cuda.txt" 2>&1 || rc=$?
   tail -n 3 "$dir/pytest_ddp_cuda.txt"
-  "$py" -m benchmarks.ddp_step_cost --device cuda --out "$dir/ddp_step_cost_cuda.txt" || rc=$?
+  "$py" -m benchmarks.step_cost ddp --device cuda --out "$dir/ddp_step_cost_cuda.txt" || rc=$?
   return $rc
 }
 

@@ -1,5 +1,6 @@
 """The documentation holds: every ``docs/*.md`` path named in code and docs exists (with the
-heading a ``#anchor`` names), every relative link of a Markdown file leads somewhere, and the
+heading a ``#anchor`` names), so does every benchmark named (``benchmarks/NAME.py``,
+``python -m benchmarks.NAME``), every relative link of a Markdown file leads somewhere, and the
 worked examples of docs/implementing.md run as they are: each complete script there (a Python
 block that calls ``hvd.init()``) in its own process, one rank."""
 import os
@@ -68,6 +69,29 @@ def test_every_docs_path_named_in_code_and_docs_exists():
     broken = [b for b in broken if b]
     assert named > 30, f"the link check found only {named} references: is it reading the checkout?"
     assert not broken, "\n".join(broken)
+
+
+# benchmarks/<name>.py and python -m benchmarks.<name>; NAME-like placeholders are not names
+_BENCHMARK = re.compile(r"(?<![\w/.-])(?:benchmarks/([a-z_]\w*)\.py|-m\s+benchmarks\.([a-z_]\w*))")
+# Run outputs keep the command line of the commit they were measured at.
+_RESULTS = ROOT / "benchmarks" / "results"
+
+
+def test_every_benchmark_named_in_code_and_docs_exists():
+    missing, named = [], 0
+    for path in _text_files():
+        if _RESULTS in path.parents:
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for m in _BENCHMARK.finditer(text):
+            named += 1
+            if not (ROOT / "benchmarks" / f"{m.group(1) or m.group(2)}.py").exists():
+                missing.append(f"{path.relative_to(ROOT)}: {m.group(0)} does not exist")
+    assert named > 30, f"the check found only {named} benchmark names: is it reading the checkout?"
+    assert not missing, "\n".join(missing)
 SCRIPTS = [block for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if "hvd.init()" in block]
 
 

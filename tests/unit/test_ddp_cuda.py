@@ -23,7 +23,7 @@ STEPS = 12
 
 @pytest.fixture(scope="module")
 def nccl_group():
-    from benchmarks.ddp_step_cost import one_rank_group
+    from benchmarks.step_cost import one_rank_group
     torch.cuda.set_device(0)
     one_rank_group("nccl")
     yield

@@ -21,7 +21,7 @@ import horovod_gravac.selection.base as selection_base
 import horovod_gravac.selection.kernels as kernels
 import horovod_gravac.selection.redsync as redsync
 import horovod_gravac.selection.sampling as sampling
-from benchmarks.step_launches import SYNC_OPS, selection_accelerator_patches
+from benchmarks.step_cost import SYNC_OPS, selection_accelerator_patches
 from horovod_gravac.compressors import (DGCCompressor, RandomKCompressor, RedSyncCompressor,
                                         SIDCoCompressor, TopKCompressor)
 
@@ -517,8 +517,9 @@ def test_launches_per_optimizer_step_do_not_grow_with_the_parameter_count(accele
     layers is bound by those launches.  So what the optimizer adds to a step must be per bucket,
     not per parameter: one multi-tensor call writes a bucket's gradients back and one takes its
     norms (a ``copy_`` and a ``.double()`` per parameter were 628 launches a step for
-    ResNet101).  Counted with the accelerator paths forced, as ``benchmarks.step_launches`` does:
-    8 and 64 parameter tensors in one bucket each add the same launches to plain torch."""
+    ResNet101).  Counted with the accelerator paths forced, as
+    ``python -m benchmarks.step_cost launches`` does: 8 and 64 parameter tensors in one bucket
+    each add the same launches to plain torch."""
     hvd = pytest.importorskip("horovod.torch")
     if not hasattr(torch, "_foreach_copy_"):
         pytest.skip("torch 2.0: no torch._foreach_copy_, the write-back copies parameter by parameter")

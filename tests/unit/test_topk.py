@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.step_launches import SYNC_OPS
+from benchmarks.step_cost import SYNC_OPS
 from horovod_gravac import native
 from horovod_gravac.compressors import TopKCompressor, kept_count
 from horovod_gravac.selection import sampling
