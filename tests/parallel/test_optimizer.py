@@ -80,7 +80,7 @@ def test_sparse_aggregate_by_hand():
         payload, ctx = comp.compress(g_local)
         mine = comp.decompress(payload, ctx)
         expected = hvd.allgather(mine.unsqueeze(0), name=f"hand.{cf}").sum(0) / SIZE
-        opt = hg_opt(model, controller=hg.StaticCF(cf), bucket_cap_mb=64)
+        opt = hg_opt(model, controller=hg.StaticCF(cf), bucket_cap_mb=64, exchange="allgather")   # the paper's path
         x, y = batch(0)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
