@@ -340,7 +340,11 @@ def test_a_rank_whose_arithmetic_differs_is_named_and_put_back_on_rank_zeros_sta
     model = make_model(seed=6)
     # The ladder: rank 1 is made to diverge through its _choose() (no argument, between checks).
     ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.01, window=window, variant="ladder")
-    opt = hg_opt(model, controller=ctrl)
+    # The paper's path: every CF goes through one kind of collective there, so the ranks'
+    # different CFs are different sizes of it.  Under "auto" rank 1's CF 2 would go dense and
+    # rank 0's candidate through the pair exchange: collectives of two kinds under one name,
+    # which Horovod leaves waiting until the bounded wait ends the job (docs/reliability.md).
+    opt = hg_opt(model, controller=ctrl, exchange="allgather")
     if RANK == 1:
         ctrl._choose = lambda: Decision(ctrl.theta_min, ctrl.theta_min, ctrl.candidate_cf)
     sent = []
