@@ -25,8 +25,15 @@ the fit of benchmarks/net_probe.py measurements on the emulated network (see
 the measured alpha/overhead and scales beta to 10 Gbit/s with the bandwidth
 efficiency measured on the emulated link.
 
+Past two ranks (``ranks``): the same link model prices every exchange the optimizer can pick
+(``horovod_gravac/exchange.py``: dense allreduce, allgather, pair exchange, sparse allreduce);
+``ranks`` checks it against ``benchmarks/rank_sweep.py``'s measured steps (compute measured,
+communication modelled with the probe fit) and projects each exchange to 32, 64 and 256
+ranks at 10 and 100 Gbit/s.
+
 CLI::
 
+    python -m benchmarks.cost_model ranks [--sweep benchmarks/results/rank_sweep/results.csv]
     python -m benchmarks.cost_model project [--measurements m.csv] [--csv out.csv]
     python -m benchmarks.cost_model fit --probe benchmarks/results/net_probe.csv
     python -m benchmarks.cost_model agree --probe benchmarks/results/net_probe.csv [--csv out.csv]
@@ -40,6 +47,7 @@ import csv
 import dataclasses
 import math
 import os
+import statistics
 import sys
 import time
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -156,6 +164,23 @@ def sparse_sync_time(params: int, cf: float, n: int, link: Link, algo: str = "ri
     """Sparse SGD: one allgather of (values fp32, indices int32) per step."""
     k = kept_elements(params, cf, density)
     return collective_time("allgather", k * (VALUE_BYTES + INDEX_BYTES), n, link, algo)
+
+
+def exchange_link(link: Link):
+    """The optimizer's link model (``horovod_gravac.exchange.LinkModel``) with this link's
+    alpha, beta and per-collective overhead (its CPU costs per entry as measured there)."""
+    from horovod_gravac.exchange import LinkModel
+    return LinkModel(bandwidth=1.0 / link.beta, latency=link.alpha, overhead=link.overhead)
+
+
+def exchange_sync_time(kind: str, params: int, cf: float, n: int, link: Link) -> Tuple[float, float]:
+    """(seconds, bytes a rank sends) of one step's exchange of a one-bucket gradient of
+    ``params`` float32 entries at ``cf`` by ``kind`` (``exchange.py``'s kinds; ``"dense"``
+    ignores ``cf``), CPU terms included."""
+    from horovod_gravac.exchange import exchange_cost, kept_count
+    k = params if kind == "dense" else kept_count(params, cf)
+    cost = exchange_cost(kind, params, k, n, exchange_link(link))
+    return cost.seconds, cost.wire_bytes
 
 
 # ---------------------------------------------------------------------------
@@ -460,6 +485,102 @@ MEASUREMENT_FIELDS = ["model", "cf", "compute_s", "compress_s", "decompress_s", 
 
 
 # ---------------------------------------------------------------------------
+# Past two ranks: the sweep's measured steps, and the projection
+# ---------------------------------------------------------------------------
+
+SWEEP_CSV = os.path.join(RESULTS, "rank_sweep", "results.csv")
+PROJECT_RANKS = (32, 64, 256)
+PROJECT_GBIT = (10.0, 100.0)
+_KIND = {"allreduce": "dense", "dense": "dense", "pair": "pair", "sparse": "sparse",
+         "sparse_allreduce": "sparse_allreduce"}
+
+
+def check_sweep(rows: Sequence[Dict], link: Link) -> List[Dict]:
+    """Each measured (ranks, path) of the sweep against the model: the measured compute
+    (step less wait) plus the modelled exchange of what the path sent."""
+    out = []
+    for r in rows:
+        kind = _KIND.get(r["transfers"])
+        if kind is None:
+            continue
+        n, cf, params = int(r["ranks"]), float(r["cf"]), int(r["numel"])
+        comm, wire = exchange_sync_time(kind, params, cf, n, link)
+        modelled = float(r["compute_ms"]) + 1e3 * comm
+        out.append({"ranks": n, "path": r["path"], "kind": kind, "cf": cf, "measured_ms": float(r["step_ms"]),
+                    "modelled_ms": modelled, "measured_over_model": float(r["step_ms"]) / modelled,
+                    "modelled_wire_kb": wire / 1e3, "measured_wire_kb": float(r["wire_kb"]),
+                    "link_kb_median": float(r["link_kb_median"]) if r.get("link_kb_median") else None})
+    return out
+
+
+def project_ranks(models: Dict[str, int], link_for, ranks: Sequence[int] = PROJECT_RANKS,
+                  gbits: Sequence[float] = PROJECT_GBIT, cfs: Sequence[float] = (10.0, 100.0)) -> List[Dict]:
+    """Modelled exchange per step (communication only) of each kind, and ``auto``'s pick,
+    for each model, rate, world size and CF."""
+    from horovod_gravac.exchange import choose, kept_count
+    out = []
+    for name, params in models.items():
+        for gbit in gbits:
+            link = link_for(gbit * 1e9)
+            for n in ranks:
+                dense, dense_wire = exchange_sync_time("dense", params, 1.0, n, link)
+                for cf in cfs:
+                    row = {"model": name, "params": params, "gbit_s": gbit, "ranks": n, "cf": cf,
+                           "dense_ms": 1e3 * dense, "dense_mb": dense_wire / 1e6}
+                    for kind in ("sparse", "sparse_allreduce"):
+                        t, wire = exchange_sync_time(kind, params, cf, n, link)
+                        row[f"{kind}_ms"], row[f"{kind}_mb"] = 1e3 * t, wire / 1e6
+                    pick = choose("auto", params, kept_count(params, cf), n, exchange_link(link))
+                    row["auto"], row["auto_ms"] = pick.kind, 1e3 * pick.seconds
+                    row["auto_vs_dense"] = pick.seconds / dense
+                    out.append(row)
+    return out
+
+
+def ranks_report(sweep_csv: str, out_dir: str) -> str:
+    """``check_sweep`` and ``project_ranks`` written to ``out_dir/projection.md`` (and CSVs)."""
+    fit = PROBE_FIT[PAPER_FIT_RATE]
+    with open(sweep_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    rate = rows[0]["rate"] if rows else PAPER_FIT_RATE
+    measured_link = PROBE_FIT.get(rate, fit)
+    checked = check_sweep(rows, measured_link)
+    sweep_params = int(rows[0]["numel"]) if rows else 1_414_698
+    models = {"sweep-cnn1d": sweep_params, **MODELS}
+    projected = project_ranks(models, lambda bits: paper_link(bits, fit=fit))
+    os.makedirs(out_dir, exist_ok=True)
+    write_rows(checked, os.path.join(out_dir, "model_check.csv"), list(checked[0]) if checked else ["ranks"])
+    write_rows(projected, os.path.join(out_dir, "projection.csv"), list(projected[0]))
+    ratios = [c["measured_over_model"] for c in checked]
+    lines = ["# The exchange cost model past two ranks", "",
+             f"Written by `python -m benchmarks.cost_model ranks` from `{os.path.relpath(sweep_csv, os.path.dirname(HERE))}`.",
+             f"Link model of the measured points: the probe fit at {rate} (alpha {measured_link.alpha * 1e3:.2f} ms a hop, "
+             f"overhead {measured_link.overhead * 1e3:.2f} ms a collective, {measured_link.gbit_s * 1e3:.0f} Mbit/s "
+             f"effective) and the CPU costs of `horovod_gravac/exchange.py`; projection: {PAPER_FIT_RATE}'s alpha, "
+             "overhead and bandwidth efficiency at 10 and 100 Gbit/s (`paper_link`).", "",
+             "## Measured against modelled (step = measured compute + modelled exchange)", ""]
+    if ratios:
+        lines += [f"measured / modelled: median {statistics.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f} "
+                  f"over {len(ratios)} points.", ""]
+    lines += ["| ranks | path | exchange | measured ms | modelled ms | measured / model | stats kB | model kB | link kB |",
+              "|" + "---|" * 9]
+    for c in checked:
+        lines.append(f"| {c['ranks']} | {c['path']} | {c['kind']} | {c['measured_ms']:.1f} | {c['modelled_ms']:.1f} | "
+                     f"{c['measured_over_model']:.2f} | {c['measured_wire_kb']:.0f} | {c['modelled_wire_kb']:.0f} | "
+                     f"{'-' if c['link_kb_median'] is None else format(c['link_kb_median'], '.0f')} |")
+    lines += ["", "## Projection (communication per step, one bucket; ms)", "",
+              "| model | Gbit/s | ranks | CF | dense | allgather | sparse allreduce | auto picks | auto / dense |",
+              "|" + "---|" * 9]
+    for p in projected:
+        lines.append(f"| {p['model']} | {p['gbit_s']:g} | {p['ranks']} | {p['cf']:g} | {p['dense_ms']:.2f} | "
+                     f"{p['sparse_ms']:.2f} | {p['sparse_allreduce_ms']:.2f} | {p['auto']} | {p['auto_vs_dense']:.2f} |")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out_dir, "projection.md"), "w") as f:
+        f.write(text)
+    return text
+
+
+# ---------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------
 
@@ -485,6 +606,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--cfs", default=",".join(f"{c:g}" for c in DEFAULT_CFS))
     p.add_argument("--csv", default=None)
 
+    p = sub.add_parser("ranks", help="check the exchange model against benchmarks/rank_sweep.py and project "
+                                     "to 32, 64, 256 ranks at 10 and 100 Gbit/s")
+    p.add_argument("--sweep", default=SWEEP_CSV)
+    p.add_argument("--out", default=os.path.dirname(SWEEP_CSV))
+
     p = sub.add_parser("fit", help="fit alpha/beta/overhead to a probe CSV")
     p.add_argument("--probe", default=default_probe)
 
@@ -505,6 +631,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         for rate, l in fit_probe(_read_probe(args.probe)).items():
             print(f"{rate}: Link(alpha={l.alpha:.3e}, beta={l.beta:.3e}, overhead={l.overhead:.3e})"
                   f"  # {l.gbit_s * 1e3:.1f} Mbit/s effective")
+        return 0
+    if args.command == "ranks":
+        print(ranks_report(args.sweep, args.out))
         return 0
     if args.command == "agree":
         rows = _read_probe(args.probe)

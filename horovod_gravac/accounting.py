@@ -26,6 +26,12 @@ class StepRecord:
         self.exact_fallbacks = 0           # compress calls whose count left the band (threshold.py)
         self.launched = 0                  # buckets launched this step
         self.control_bytes = 0             # statistics carried for the controller
+        self.wire_bytes = 0                # what the collectives send by the ring algorithms (transfers.py)
+        self.exchange = None               # the exchange= mode (exchange.py)
+        self.model_s = 0.0                 # modelled seconds of the step's exchanges, as chosen
+        self.dense_model_s = 0.0           # ... and of dense allreduces of every bucket
+        self.payload_entries = 0           # sparse-allreduce payload entries of this rank
+        self.delivered_entries = 0         # ... of which the global selection kept
         self.kinds: set = set()            # the transfers' kinds (transfers.py), e.g. "pair"
         self.collectives: List[tuple] = []   # (kind, bucket entries, elements on the wire) per transfer
         self.step_stats: Optional[StepStats] = None     # rank-averaged, from the carrier bucket
@@ -54,6 +60,10 @@ class StepRecord:
         self.bytes_sent += transfer.bytes_sent
         self.floats_sent += transfer.floats_sent
         self.control_bytes += transfer.control_bytes
+        self.wire_bytes += transfer.wire_bytes
+        if transfer.kind == "sparse_allreduce":
+            self.payload_entries += transfer.sent_indices.numel()
+            self.delivered_entries += transfer.delivered_indices().numel()
         self.kinds.add(transfer.kind)
         self.collectives.append((transfer.kind, transfer.numel, transfer.wire_elements))
 
@@ -79,6 +89,9 @@ class StepRecord:
                 "step_time": step_time, "compress_time": self.compress_time, "comm_time": comm_time,
                 "nonfinite_buckets": self.nonfinite, "exact_fallbacks": self.exact_fallbacks,
                 "skipped": skipped, "transfers": "+".join(sorted(self.kinds)),
+                "wire_bytes": self.wire_bytes, "exchange": self.exchange,
+                "comm_model_s": self.model_s, "dense_model_s": self.dense_model_s,
+                "kept_share": self.delivered_entries / self.payload_entries if self.payload_entries else None,
                 "quality": sum(self.quality) / len(self.quality) if self.quality else None}
 
 

@@ -16,9 +16,11 @@ at their checks only, from the step time, which each rank measures for itself
 Measured on 2 CPU ranks, one small broadcast per step cost 1.3-1.4x a static step on
 models under a million parameters; one per window costs nothing measurable.  Were a
 rank's arithmetic ever to differ between checks, the ranks would still aggregate the same
-allgathered payloads (the same update everywhere); a dense step on one rank against a sparse
-one on another is a mismatch Horovod reports as an error.  The next check puts every rank
-back on rank 0's state.
+allgathered payloads (the same update everywhere) as long as their CFs go through the same
+kind of collective; collectives of two kinds under one name (a dense step on one rank
+against a sparse one on another, or two exchanges ``exchange="auto"`` chose for two CFs)
+are neither matched nor refused by Horovod 0.28.1, and end in the bounded wait's
+``CollectiveTimeoutError``.  The next check puts every rank back on rank 0's state.
 
 Submitting from the training thread, in program order, matters: Horovod numbers
 every collective a process submits, and a user's unnamed ``hvd.allreduce(loss)``

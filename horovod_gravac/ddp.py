@@ -58,6 +58,7 @@ from .controllers import Controller, Dense
 from .ddp_backend import DDPBackend
 from .encoder import BucketEncoder, EncoderSettings
 from .error_feedback import ErrorFeedback, IntervalSum, finite_tensor
+from .exchange import CommModel, Waits, check_link, check_mode
 from .lowrank import PowerSGDState
 from .options import NONFINITE_POLICIES, compressor_factory, reference_compressor
 from .pipeline import BucketPipeline
@@ -143,6 +144,9 @@ class GravacState:
             ``horovod_gravac.DistributedOptimizer``'s.
         check_consistency: compare the ranks' settings at the first step (one object
             allgather), failing on every rank with the difference named.
+        exchange, link: how compressed buckets cross the ranks, as
+            ``horovod_gravac.DistributedOptimizer``'s (``"auto"``: by modelled cost, dense
+            included; ``"allgather"``: the paper's path; ``"sparse_allreduce"``).
 
     The arguments are checked here; what needs the group (its backend, the world size,
     the ranks' agreement on the settings) at the first step.
@@ -151,7 +155,8 @@ class GravacState:
     def __init__(self, process_group=None, compressor=None, controller: Optional[Controller] = None, *,
                  compression: str = "none", named_parameters=None, momentum_correction: Optional[float] = None,
                  local_clip_norm: Optional[float] = None, nonfinite: str = "propagate", grad_scaler=None,
-                 timeout_s: Optional[float] = None, check_consistency: bool = True):
+                 timeout_s: Optional[float] = None, check_consistency: bool = True,
+                 exchange: str = "auto", link=None):
         controller = Dense() if controller is None else controller
         if not isinstance(controller, Controller):
             raise ValueError(f"controller must be a horovod_gravac controller "
@@ -167,6 +172,7 @@ class GravacState:
                                             and callable(getattr(grad_scaler, "is_enabled", None))):
             raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {grad_scaler!r}")
         self.timeout = resolve_timeout(timeout_s)
+        self.exchange_mode, self.link_model = check_mode(exchange), check_link(link)
         self.factory = compressor_factory(compressor)
         self.reference = reference_compressor(self.factory, controller)
         self.controller = controller
@@ -207,6 +213,7 @@ class GravacState:
         self._carried: Optional[tuple] = None       # state by name of buckets DDP re-made this step
         self.stats: Dict[str, object] = {}
         self.last_collectives: Tuple[tuple, ...] = ()
+        self._waits = Waits()   # this rank's waits for its transfers (comm_model.measured)
 
     # -- the group --------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -219,7 +226,8 @@ class GravacState:
         link = Link(backend, True, 1.0, backend.size(), self.timeout)
         s = self.settings
         settings = EncoderSettings(WIRES[self.compression], s["nonfinite"], s["local_clip_norm"], join_safe=False,
-                                   pair_exchange=bool(self.check_consistency), fp16_wire=WIRES["fp16"])
+                                   pair_exchange=bool(self.check_consistency), fp16_wire=WIRES["fp16"],
+                                   exchange=self.exchange_mode, link=self.link_model)
         self.encoder = BucketEncoder(link, settings, controller=self.controller, memory=self.memory,
                                      powersgd=self.powersgd, compressor_factory=self.factory, prefix=self.prefix)
         self.pipeline = BucketPipeline(self.step_buckets, self.encoder, self.memory, self.interval, self.controller)
@@ -282,6 +290,8 @@ class GravacState:
         stats = record.summary(self.step_index, ctrl.decision, sum(b.numel for b in steps), step_time,
                                comm_time, skipped)
         self.last_collectives = tuple(record.collectives)
+        if not skipped:
+            self._waits.observe(stats["transfers"], stats["cf"], comm_time)
         observe_step(self.exchange, ctrl, record.step_stats, step_time, self.link.world, record.at_boundary,
                      skipped, stats, comm_time)
         self.stats = stats
@@ -364,7 +374,8 @@ class GravacState:
     def _settings_of_rank(self) -> dict:
         return {"prefix": self.prefix, "controller": self.controller.config(),
                 "compressor": repr(self.reference), "compression": self.compression,
-                "grad_scaler": self.grad_scaler is not None, **self.settings}
+                "grad_scaler": self.grad_scaler is not None, **self.settings,
+                "exchange": (self.exchange_mode, repr(self.link_model))}
 
     def _meta(self) -> dict:
         self._connect()
@@ -407,6 +418,14 @@ class GravacState:
         ``self.log_dict(state.metrics())`` or Accelerate's ``accelerator.log(state.metrics(),
         step=...)``.  Empty before the first step."""
         return {prefix + key: float(value) for key, value in self.stats.items() if isinstance(value, (int, float))}
+
+    @property
+    def comm_model(self) -> CommModel:
+        """As ``DistributedOptimizer.comm_model``: the modelled communication of a step at
+        this world size, for each CF and for dense (the buckets DDP has handed over so far)."""
+        if self.encoder is None:
+            self._connect()
+        return self.encoder.comm_model(self.reference, self._buckets(), self._waits)
 
     @property
     def world_size(self) -> int:

@@ -21,14 +21,17 @@ from typing import Callable, Dict, List, Optional, Union
 import torch
 
 from .accounting import StepRecord
+from .cf import kept_count
 from .coherence import CoherenceSampler
 from .compressors.base import GradientCompressor
 from .controllers import DENSE, Controller, Decision
 from .error_feedback import ErrorFeedback, finite_tensor
+from .exchange import BucketShape, CommModel, Cost, LinkModel, choose, exchange_cost
 from .lowrank import LowRankTransfer, PowerSGDState
+from .regions import RegionPartition
 from .selection.payload import SparsePayload
 from .transfers import (DenseAllreduce, Link, PairExchange, SharedIndexAllreduce, SlottedSparse,
-                        SparseAllgather, Transfer)
+                        SparseAllgather, SparseAllreduce, Transfer)
 
 _FP32_MAX = torch.finfo(torch.float32).max
 
@@ -42,7 +45,11 @@ class EncoderSettings:
     ranks are known to compress alike (the start-up check compared their compressors), so two
     ranks may swap fixed-size payloads with ``PairExchange``; ``wire``: the user's wire
     compression of dense sends (``compress``/``decompress``, Horovod's ``compression``);
-    ``fp16_wire``: the one for dense sends of buckets of fp16 parameters (None: as ``wire``)."""
+    ``fp16_wire``: the one for dense sends of buckets of fp16 parameters (None: as ``wire``);
+    ``exchange``: how sparse payloads cross the ranks (``exchange.MODES``: ``"auto"``, the
+    cheapest by ``link``'s model, dense included; ``"allgather"``, the paper's path;
+    ``"sparse_allreduce"``); ``link``: the :class:`exchange.LinkModel` (None:
+    ``$HOROVOD_GRAVAC_LINK`` or its defaults)."""
 
     wire: object
     nonfinite: str = "propagate"
@@ -50,6 +57,8 @@ class EncoderSettings:
     join_safe: bool = False
     pair_exchange: bool = False
     fp16_wire: object = None
+    exchange: str = "auto"
+    link: Optional[LinkModel] = None
 
 
 @dataclass
@@ -75,6 +84,10 @@ class BucketEncoder:
         self.compressor_factory = compressor_factory
         self._compressors: Dict[float, GradientCompressor] = {}   # one per CF, kept (their state)
         self.coherence = CoherenceSampler()   # sampled when the controller reads the coherence
+        self.link_model = settings.link if settings.link is not None else LinkModel.from_env()
+        self.partition = RegionPartition()    # the sparse allreduce's regions, per bucket
+        self._generators: Dict[object, torch.Generator] = {}   # the owners' top-k samples, per device
+        self._choices: Dict[tuple, Cost] = {}
 
     def compressor(self, cf: float) -> GradientCompressor:
         comp = self._compressors.get(cf)
@@ -84,6 +97,53 @@ class BucketEncoder:
 
     def bucket_name(self, bucket) -> str:
         return f"{self.prefix}.bucket.{bucket.index}"
+
+    # -- which exchange (exchange.py) ------------------------------------------------------
+    def _bytes(self, bucket) -> tuple:
+        """(bytes of a sparse value, bytes of a dense entry on the wire) of ``bucket``."""
+        value = 8 if getattr(bucket, "value_dtype", None) == torch.float64 else 4
+        fp16 = getattr(bucket, "dtype", None) == torch.float16
+        wire = self.settings.fp16_wire if fp16 and self.settings.fp16_wire is not None else self.settings.wire
+        half = getattr(wire, "dtype", None) in (torch.float16, torch.bfloat16) or \
+            getattr(wire, "__name__", "") in ("FP16Compressor", "BF16Compressor")
+        return value, 2 if half else value
+
+    def exchange_for(self, comp: GradientCompressor, bucket, cf: float) -> Cost:
+        """The exchange that sends ``bucket`` compressed at ``cf`` (the same on every rank: a
+        function of what every rank knows alike, see ``exchange.py``)."""
+        world = self.link.world
+        value, dense = self._bytes(bucket)
+        key = (bucket.numel, value, dense, cf, world, comp.fixed_count, comp.shared_indices)
+        cost = self._choices.get(key)
+        if cost is None:
+            cost = self._choices[key] = choose(
+                self.settings.exchange, bucket.numel, kept_count(bucket.numel, cf), world, self.link_model,
+                fixed_count=comp.fixed_count, pair_allowed=self.settings.pair_exchange,
+                join_safe=self.settings.join_safe, shared_indices=comp.shared_indices,
+                value_bytes=value, dense_bytes=dense)
+        return cost
+
+    def bucket_shapes(self, buckets) -> List[BucketShape]:
+        return [BucketShape(b.numel, *self._bytes(b)) for b in buckets]
+
+    def comm_model(self, reference: GradientCompressor, buckets, waits=None) -> CommModel:
+        """The :class:`exchange.CommModel` of these buckets at this world size (``waits``: the
+        rank's measured waits to show beside it)."""
+        return CommModel(self.settings.exchange, self.link_model, self.link.world, self.bucket_shapes(buckets),
+                         fixed_count=reference.fixed_count, pair_allowed=self.settings.pair_exchange,
+                         join_safe=self.settings.join_safe, shared_indices=reference.shared_indices,
+                         low_rank=reference.low_rank, waits=waits)
+
+    def dense_cost(self, bucket) -> Cost:
+        value, dense = self._bytes(bucket)
+        return exchange_cost("dense", bucket.numel, bucket.numel, self.link.world, self.link_model, value, dense)
+
+    def _generator(self, device) -> torch.Generator:
+        gen = self._generators.get(device)
+        if gen is None:
+            gen = self._generators[device] = torch.Generator(device=device)
+            gen.manual_seed(0x5A11)
+        return gen
 
     def encode(self, bucket, decision: Decision, record: StepRecord, *, scale: float, step_index: int,
                with_stats: bool) -> Encoded:
@@ -157,15 +217,29 @@ class BucketEncoder:
                   with_stats: bool, measure: bool, poison: bool = False):
         """The transfer, and what this rank sends (None unless ``measure``)."""
         name = self.bucket_name(bucket)
+        record.exchange = self.settings.exchange
+        dense_cost = self.dense_cost(bucket)
+        record.dense_model_s += dense_cost.seconds
         if decision.candidate_cf == DENSE:   # nothing to compress or measure: plain allreduce
+            record.model_s += dense_cost.seconds
             return self._dense(bucket, g_ef, with_stats), g_ef if measure else None
         # theta_min == 1 keeps everything: the candidate then comes from g_ef directly.
         comp_min = self.compressor(decision.theta_min if decision.theta_min > DENSE else decision.candidate_cf)
         if comp_min.low_rank:
+            record.model_s = float("nan")
             if poison:
                 g_ef = torch.full_like(g_ef, float("nan"))
             return LowRankTransfer(self.link, name, bucket, g_ef, comp_min, self.powersgd,
                                    bucket.update_residual, with_stats), None
+        # The exchange of the CF sent; dense when the model says a dense allreduce costs less
+        # than any sparse send at this world size (exchange.py).
+        choice = dense_cost if decision.send_cf == DENSE else self.exchange_for(comp_min, bucket, decision.send_cf)
+        record.model_s += choice.seconds
+        send_dense = choice.kind == "dense"
+        if send_dense and not (self.controller.needs_consensus and measure):   # nothing to measure
+            if poison:
+                g_ef[0] = float("nan")
+            return self._dense(bucket, g_ef, with_stats), g_ef if measure else None
         comp_min.set_step(step_index, bucket.index)   # shared-seed draws: per (step, bucket)
         fallbacks = getattr(comp_min, "fallbacks", 0)
         payload_min, ctx = comp_min.compress(g_ef)
@@ -184,7 +258,7 @@ class BucketEncoder:
             record.add_norms(torch.stack([ef_sq, min_sq, c_sq]))   # read once, by the carrier
         if quality is not None and measure:
             record.quality.append(float(quality))
-        if decision.send_cf == DENSE:
+        if send_dense:
             if poison:   # (never measured)
                 g_ef[0] = float("nan")
             return self._dense(bucket, g_ef, with_stats), g_ef if measure else None
@@ -192,19 +266,20 @@ class BucketEncoder:
         sent = payload if measure else None
         if poison:   # every rank's sum must come out non-finite
             payload = _poisoned(payload, comp_min.shared_indices, bucket.device, bucket.value_dtype)
-        return self._sparse(comp_min, name, bucket, payload, decision, step_index, with_stats), sent
+        return self._sparse(choice.kind, name, bucket, payload, decision, step_index, with_stats), sent
 
-    def _sparse(self, comp, name, bucket, payload, decision: Decision, step_index: int, with_stats: bool):
-        """The sparse transfer that fits the compressor and the settings."""
+    def _sparse(self, kind: str, name, bucket, payload, decision: Decision, step_index: int, with_stats: bool):
+        """The sparse transfer of ``kind`` (``exchange_for``'s choice)."""
         args = (self.link, name, payload, bucket.numel, bucket.device, with_stats)
-        join_safe = self.settings.join_safe
-        if comp.shared_indices:
+        if kind == "shared":
             # The step index rides along (checked on arrival) unless join_safe's exchange aligns it.
-            return SharedIndexAllreduce(*args, None if join_safe else step_index)
-        if join_safe:
+            return SharedIndexAllreduce(*args, None if self.settings.join_safe else step_index)
+        if kind == "slotted":
             return SlottedSparse(*args, decision.send_cf)
-        if self.settings.pair_exchange and self.link.world == 2 and comp.fixed_count:
+        if kind == "pair":
             return PairExchange(*args)
+        if kind == "sparse_allreduce":
+            return SparseAllreduce(*args, decision.send_cf, self.partition, self._generator(bucket.device))
         return SparseAllgather(*args)
 
     def commit_residual(self, bucket, scale: float) -> None:

@@ -30,8 +30,8 @@ Modes (``DistributedOptimizer(..., exchange=...)``, ``GravacState(..., exchange=
 * ``"auto"`` (default): the cheapest kind by the model, dense included: a compressed
   decision whose payload would cost more than the dense allreduce is sent dense (its
   residual is then cleared, as for any dense send);
-* ``"allgather"``: the paper's path, as before this module existed: the pair exchange
-  between two ranks when payload sizes are fixed, else one allgather;
+* ``"allgather"``: the paper's path: the pair exchange between two ranks when payload sizes
+  are fixed, else one allgather;
 * ``"sparse_allreduce"``: the sparse allreduce for every sparse payload (tests, benchmarks).
 
 ``join_safe=True`` (every collective an allreduce) and shared-index payloads (Random-k with

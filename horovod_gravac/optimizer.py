@@ -50,6 +50,7 @@ before it (at the cost of one more copy of the residuals).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import warnings
@@ -70,6 +71,7 @@ from .consensus import (ARGUMENT_ERROR, check_agreement, make_exchange, observe_
 from .controllers import Controller, Dense, StaticCF
 from .encoder import BucketEncoder, EncoderSettings
 from .error_feedback import ErrorFeedback, IntervalSum, finite_tensor, save_by_name
+from .exchange import CommModel, check_link, check_mode
 from .horovod_backend import HorovodBackend
 from .lowrank import PowerSGDState
 from .options import (OptimizerOptions, check_passes, is_gravac_compressor, is_wire_compression,
@@ -183,6 +185,7 @@ class _ElasticSupport:
         changed = n != self._link.world
         self._link.world = n
         self.controller.set_world_size(n)   # GraVAC: EWMA factor N/100 unless ewma_alpha was given
+        self._comm_model.set_world_size(n)
         return changed
 
     def mark_state_synced(self) -> None:
@@ -251,6 +254,17 @@ class _Inspection:
     def backend(self):
         """The backend every collective of this optimizer goes through (``HorovodBackend``)."""
         return self._link.backend
+
+    @property
+    def comm_model(self) -> CommModel:
+        """The modelled communication of a step at this world size, for each CF and for dense
+        (``exchange.CommModel``: ``step_seconds(cf)``, ``kinds(cf)``, ``table(cfs)``,
+        ``fastest(cfs)``; ``measured``: this rank's median wait per step for each exchange and
+        CF it sent).  What a controller needs to rank CFs with dense among them; a controller
+        that defines ``set_comm_model(model)`` is handed this object when the optimizer is
+        built."""
+        self._comm_model.set_buckets(self._encoder.bucket_shapes(self._buckets))
+        return self._comm_model
 
     def in_flight_handles(self) -> list:
         """The backend's handles of this step's collectives that were started and not yet
@@ -329,12 +343,15 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._sparse = SparseGradients(self._link, self._prefix)   # params whose gradients are sparse
         settings = EncoderSettings(options.compression, options.nonfinite, options.local_clip_norm,
                                    self._join_safe, pair_exchange=bool(options.check_consistency),
-                                   fp16_wire=hvd.Compression.fp16)
+                                   fp16_wire=hvd.Compression.fp16, exchange=options.exchange, link=options.link)
         self._encoder = BucketEncoder(self._link, settings, controller=controller, memory=self._memory,
                                       powersgd=self._powersgd, compressor_factory=options.compressor_factory,
                                       prefix=self._prefix)
         self._pipeline = BucketPipeline(self._buckets, self._encoder, self._memory, self._interval, controller)
         controller.set_world_size(self.world_size)
+        self._comm_model = self._encoder.comm_model(options.reference_compressor, self._buckets)
+        if callable(getattr(controller, "set_comm_model", None)):   # (docs/architecture.md, "Which exchange")
+            controller.set_comm_model(self.comm_model)
         self._exchange = make_exchange(controller, self._prefix, self._timeout, backend, self._join_safe,
                                        self._shared_seed)
         if options.check_consistency and self._included and self.world_size > 1:
@@ -474,6 +491,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         stats = record.summary(self._step_index, ctrl.decision, sum(b.numel for b in self._buckets),
                                step_time, comm_time, skipped)
         self._last_collectives = tuple(record.collectives)
+        if not skipped:
+            self._comm_model.observe(stats["transfers"], stats["cf"], comm_time)
         observe_step(self._exchange, ctrl, record.step_stats, step_time, self.world_size, record.at_boundary,
                      skipped, stats, comm_time)
         self._stats = stats
@@ -598,7 +617,8 @@ def _check_consistency(opt, named) -> None:
             "op": int(opt.op), "gradient_predivide_factor": opt.gradient_predivide_factor,
             "compression": getattr(wire, "__name__", type(wire).__name__),
             "sparse_as_dense": opt.sparse_as_dense, "nonfinite": options.nonfinite,
-            "grad_scaler": opt._grad_scaler is not None, "join_safe": opt._join_safe}
+            "grad_scaler": opt._grad_scaler is not None, "join_safe": opt._join_safe,
+            "exchange": (options.exchange, repr(options.link))}
     check_agreement(opt.backend, mine, f"{opt._prefix}.consistency", opt._timeout, hints={
         "collective_prefix": " Every rank must build its DistributedOptimizers in the same order.",
         "bucket_cap_mb": " The bucket layout differs: every rank must pass the same bucket_cap_mb (and groups)."})
@@ -687,7 +707,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          momentum_correction: Optional[float] = None,
                          local_clip_norm: Optional[float] = None,
                          timeout_s: Optional[float] = None,
-                         nonfinite: str = "propagate", grad_scaler=None, join_safe: bool = False):
+                         nonfinite: str = "propagate", grad_scaler=None, join_safe: bool = False,
+                         exchange: str = "auto", link=None):
     """Wrap ``optimizer`` so gradients are combined across Horovod ranks with adaptive
     (GraVAC), static or no compression.  The first ten arguments are
     ``hvd.DistributedOptimizer``'s, in its order and with its meaning; the rest are
@@ -751,6 +772,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             payloads travel in per-rank slots of an allreduce (about twice the bytes of
             an allgather), sparse gradients are densified, and adaptive controllers agree
             through one small blocking allreduce at the start of each step.
+        exchange: how compressed buckets cross the ranks (``exchange.py``): ``"auto"``
+            (default) the cheapest by a cost model at this world size and CF, among the pair
+            exchange (two ranks), the allgather, the sparse allreduce (traffic that does not
+            grow with the number of ranks) and the dense allreduce; ``"allgather"`` the
+            paper's path (the pair exchange between two ranks, else one allgather);
+            ``"sparse_allreduce"`` always the sparse allreduce.  ``optimizer.stats``
+            (``transfers``) says which was used.
+        link: the link the cost model assumes: a rate (``"100mbit"``, ``"10gbit"``) or an
+            ``exchange.LinkModel``; ``None``: ``$HOROVOD_GRAVAC_LINK``, else 1 Gbit/s.
 
     After each step, ``optimizer.stats`` describes it (docs/architecture.md, "What a step reports").
     """
@@ -791,6 +821,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         # runner stops them, or a Gloo read fails) before printing why.
         _refuse_on_every_rank(exc, process_set, check_consistency, timeout_s)
         raise
+    options = dataclasses.replace(options, exchange=check_mode(exchange), link=check_link(link))
     attrs = {k: v for cls in (_ElasticSupport, _Inspection, _GravacDistributedOptimizer)
              for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
     attrs["__module__"] = _HOROVOD_OPTIMIZER_MODULE   # see the note at its definition

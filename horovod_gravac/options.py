@@ -53,6 +53,8 @@ class OptimizerOptions:
     grad_scaler: Any
     join_safe: bool
     defaults: Mapping[str, Any]       # the wrapped optimizer's
+    exchange: str = "auto"            # how compressed buckets cross the ranks (exchange.MODES)
+    link: Any = None                  # the exchange.LinkModel the cost model assumes
 
     @classmethod
     def build(cls, *, compression, backward_passes_per_step, op, average: bool, gradient_predivide_factor,

@@ -44,6 +44,7 @@ class BucketPipeline:
                                       step_index=step_index, with_stats=with_stats)
         bucket.transfer = encoded.transfer
         self.interval.record(bucket, encoded.grads, encoded.sent, scale)
+        encoded.transfer.sent_recorded = encoded.grads is not None and encoded.sent is not None
         if not with_stats:
             bucket.transfer.start()
         record.launched += 1
@@ -78,6 +79,7 @@ class BucketPipeline:
         for bucket in self.buckets:
             if not skipped:
                 self.encoder.commit_residual(bucket, scale)
+                self._undeliver(bucket, scale)
             elif bucket.update_residual:
                 self.memory.undo(bucket.index)
                 self.interval.undo(bucket.index)
@@ -85,3 +87,16 @@ class BucketPipeline:
             self.interval.owe_residuals(self.buckets, self.memory.residuals)
         for bucket in self.buckets:
             bucket.reset()
+
+    def _undeliver(self, bucket: Bucket, scale: float) -> None:
+        """The interval's sum of what was sent (GraVAC "delivered", "predictive") took this
+        rank's whole payload at launch; a sparse allreduce delivered only what its global
+        selection kept, and the rest stays in the residual: taken back out of the sum here
+        (at a window's end that lands in the next window)."""
+        dropped = getattr(bucket.transfer, "dropped", None)
+        if dropped is None or not self.interval.delivered or not getattr(bucket.transfer, "sent_recorded", False):
+            return
+        values, indices = dropped()
+        if values.numel():
+            self.interval.add_sent(bucket.index, bucket.numel, bucket.device, scale, False, values=-values,
+                                   indices=indices, dtype=bucket.value_dtype)

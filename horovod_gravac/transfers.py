@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -146,12 +146,13 @@ class Transfer:
         return total.div_(link.world) if f == 1.0 else total.mul_(f / link.world)
 
     def _regather(self, payload: SparsePayload) -> torch.Tensor:
-        """The ranks called different collectives for this bucket (their decisions diverged
-        between two consensus checks, so ``exchange.py`` picked different exchanges for their
-        CFs; Horovod refused the collective on every rank, ``MismatchedShapesError``): every
-        rank sends ``payload`` (its whole contribution, prescaled) again with one allgather,
-        which takes any sizes, as the allgather path would have, and the bucket reports
-        ``"sparse"``.  Every rank adds the same gathered rows: ranks stay identical."""
+        """The ranks' collectives for this bucket differ in size (their decisions diverged
+        between two consensus checks; Horovod refused the collective on every rank,
+        ``MismatchedShapesError``; collectives of different kinds it does not refuse, see
+        ``consensus.py``): every rank sends ``payload`` (its whole contribution, prescaled)
+        again with one allgather, which takes any sizes, as the allgather path would have, and
+        the bucket reports ``"sparse"``.  Every rank adds the same gathered rows: ranks stay
+        identical."""
         return self._regather_finish(self._regather_start(payload))
 
     def _regather_start(self, payload: SparsePayload):

@@ -10,7 +10,8 @@
 # runs are made once); then the `serial` tests, which hold themselves to wall-clock bounds or
 # set up network namespaces, on two workers (the fault scenarios mostly wait for their
 # timeouts; the network-namespace tests stay one after another); then the `alone` test by
-# itself (its decisions follow measured step times).  The markers are in pyproject.toml.
+# itself (its decisions follow measured step times).  The `scale` tests (the sparse allreduce on
+# 2-8 ranks) are left out: `bash scripts/test.sh -m scale` runs them.  The markers are in pyproject.toml.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1
@@ -24,7 +25,7 @@ if [ $# -gt 0 ]; then
 fi
 CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)   # (nproc obeys OMP_NUM_THREADS=1, exported above)
 WORKERS=${GRAVAC_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}   # one per core, at most 4
-"${PYTEST[@]}" -n "$WORKERS" --dist loadfile -m "not serial and not alone" tests
+"${PYTEST[@]}" -n "$WORKERS" --dist loadfile -m "not serial and not alone and not scale" tests
 first=$?
 "${PYTEST[@]}" -n 2 --dist loadgroup -m serial tests
 second=$?

@@ -63,6 +63,24 @@ def test_dead_or_stalled_rank_fails_with_a_clear_error(kind):
     print(f"{kind}: rank 0 failed after {seconds:.2f} s ({error[:60]}...), job ended after {wall:.1f} s")
 
 
+@pytest.mark.parametrize("kind", ["exchange", "exchange_exit"])
+def test_a_rank_that_dies_mid_exchange_gives_the_bounded_error(kind):
+    """3 ranks, the sparse allreduce: rank 1 stalls (or exits) after its alltoall went out and
+    before its allgather; rank 0 must fail as with the other transfers: a
+    ``CollectiveTimeoutError`` naming the exchange's second collective within the timeout
+    (or, when the peer's socket closes, Horovod's error at once)."""
+    proc = run_ranks(3, FAULT_SCENARIO, kind, FAULT_TIMEOUT, timeout=120)
+    assert proc.returncode != 0, proc.stdout[-4000:]
+    seconds, error = _failed_after(proc)
+    if kind == "exchange":
+        assert error.startswith("CollectiveTimeoutError") and ".gather'" in error, error
+        assert FAULT_TIMEOUT <= seconds <= FAULT_TIMEOUT + SLACK, (seconds, error)
+    else:
+        assert seconds <= FAULT_TIMEOUT + SLACK and \
+            ("CollectiveTimeoutError" in error or "HorovodInternalError" in error), error
+    print(f"{kind}: rank 0 failed after {seconds:.2f} s ({error[:80]}...)")
+
+
 def test_timeout_from_environment_variable():
     proc = run_ranks(2, FAULT_SCENARIO, "bucket", "unused", timeout=90,
                      env={comm.TIMEOUT_ENV: "3"})

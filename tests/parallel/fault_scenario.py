@@ -4,7 +4,9 @@ tests/integration/test_faults.py, which checks how rank 0 failed and how soon th
     horovodrun -np 2 -H localhost:2 --gloo python tests/parallel/fault_scenario.py KIND TIMEOUT
 
 At step 3 rank 1 misbehaves (KIND: bucket, stats, decision or startup: it stalls; exit: it
-exits; freeze: it stops with SIGSTOP).  Rank 0 must raise an error naming the collective
+exits; freeze: it stops with SIGSTOP; exchange, exchange_exit: on 3 ranks or more, with the
+sparse allreduce, it stalls or exits between the exchange's two phases, its alltoall sent and
+the allgather not).  Rank 0 must raise an error naming the collective
 within TIMEOUT seconds (``timeout_s``; unused when $HOROVOD_GRAVAC_TIMEOUT is set): it
 prints ``FAILED_AFTER <seconds> <error>`` and re-raises, so the job fails.
 """
@@ -36,8 +38,10 @@ def fault_run(kind, timeout):
         # The ladder checks at every window's end (step indexes 1, 3, 5): the decision broadcast that
         # rank 1 stalls in comes at a fixed step.  The default rule set's checks depend on
         # measured step times, so step 3 may pass without one.
+        mid_exchange = kind in ("exchange", "exchange_exit")
         opt = hg_opt(model, timeout_s=timeout_s,
-                     controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=2, variant="ladder"))
+                     controller=hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.3, window=2, variant="ladder"),
+                     **({"exchange": "sparse_allreduce"} if mid_exchange else {}))
     except Exception as exc:
         print(f"FAILED_AFTER {time.monotonic() - t0:.2f} {type(exc).__name__}: {exc}", flush=True)
         raise
@@ -52,6 +56,18 @@ def fault_run(kind, timeout):
                 _stall()
             return original(*a, **k)
         setattr(owner, target, late)
+    if RANK == 1 and mid_exchange:
+        from horovod_gravac.transfers import SparseAllreduce
+        advance = SparseAllreduce.advance
+
+        def between_phases(self):
+            if opt.step_index == 3 and self.handle2 is None:
+                if kind == "exchange_exit":
+                    print("rank 1 exits mid-exchange", flush=True)
+                    os._exit(0)
+                _stall()
+            return advance(self)
+        SparseAllreduce.advance = between_phases
     try:
         for step in range(6):
             if step == 3 and RANK == 1:

@@ -142,7 +142,8 @@ def recording(decisions):
 @pytest.mark.parametrize("ddp_kw", [{}, {"static_graph": True}], ids=["plain", "static_graph"])
 def test_compressed_ranks_identical_and_decide_alike(name, ddp_kw):
     compressor, controller = controllers()[name]()
-    st = state(compressor=compressor, controller=controller)
+    # the paper's path: "auto" would send GraVAC's 2x dense (as many bytes, and exact)
+    st = state(compressor=compressor, controller=controller, exchange="allgather")
     decisions = []
     got, _ = train(st, recording(decisions), steps=8, **ddp_kw)
     assert torch.isfinite(got).all()

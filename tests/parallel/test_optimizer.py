@@ -80,7 +80,7 @@ def test_sparse_aggregate_by_hand():
         payload, ctx = comp.compress(g_local)
         mine = comp.decompress(payload, ctx)
         expected = hvd.allgather(mine.unsqueeze(0), name=f"hand.{cf}").sum(0) / SIZE
-        opt = hg_opt(model, controller=hg.StaticCF(cf), bucket_cap_mb=64)
+        opt = hg_opt(model, controller=hg.StaticCF(cf), bucket_cap_mb=64, exchange="allgather")   # the paper's path
         x, y = batch(0)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -340,7 +340,11 @@ def test_a_rank_whose_arithmetic_differs_is_named_and_put_back_on_rank_zeros_sta
     model = make_model(seed=6)
     # The ladder: rank 1 is made to diverge through its _choose() (no argument, between checks).
     ctrl = hg.GraVAC(theta_min=2, theta_max=64, epsilon=0.01, window=window, variant="ladder")
-    opt = hg_opt(model, controller=ctrl)
+    # The paper's path: every CF goes through one kind of collective there, so the ranks'
+    # different CFs are different sizes of it.  Under "auto" rank 1's CF 2 would go dense and
+    # rank 0's candidate through the pair exchange: collectives of two kinds under one name,
+    # which Horovod leaves waiting until the bounded wait ends the job (docs/reliability.md).
+    opt = hg_opt(model, controller=ctrl, exchange="allgather")
     if RANK == 1:
         ctrl._choose = lambda: Decision(ctrl.theta_min, ctrl.theta_min, ctrl.candidate_cf)
     sent = []
