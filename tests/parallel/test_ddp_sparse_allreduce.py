@@ -3,7 +3,7 @@ with split sizes and ``all_gather``, on Gloo): every rank runs this file under
 
     torchrun --standalone --nproc_per_node N --tee 3 -m pytest tests/parallel/test_ddp_sparse_allreduce.py
 
-(tests/integration/test_sparse_allreduce.py launches it: 3 ranks in the default run, 2, 4, 5
+(tests/integration/test_sparse_allreduce_ranks.py launches it: 3 ranks in the default run, 2, 4, 5
 and 8 with ``-m scale``).  Ranks bitwise identical; the allgather path's bits when nothing
 is dropped; uneven and empty payloads; float64 models; the exchange reported in stats."""
 import datetime

@@ -3,7 +3,7 @@
 
     horovodrun -np N -H localhost:N --gloo python -m pytest tests/parallel/test_sparse_allreduce.py
 
-(tests/integration/test_sparse_allreduce.py launches it: 4 ranks in the default run, 2, 3, 5
+(tests/integration/test_sparse_allreduce_ranks.py launches it: 4 ranks in the default run, 2, 3, 5
 and 8 with ``-m scale``).  Checked: ranks bitwise identical under every sparsifier and
 controller; the same bits as the allgather path when the global selection drops nothing, and
 the same training within a stated tolerance when it does; uneven payloads, an empty payload
