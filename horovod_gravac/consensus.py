@@ -13,8 +13,8 @@ at their checks only, from the step time, which each rank measures for itself
   one blocking ``broadcast_object`` from the training thread, inside ``step()``; the
   other ranks load it, so every rank leaves the check with rank 0's state.
 
-Measured on 2 CPU ranks, one small broadcast per step cost 1.3-1.4x a static step on
-models under a million parameters; one per window costs nothing measurable.  Were a
+A blocking broadcast every step would add a round trip to every step, a large share of a
+small model's step (docs/benchmarks.md); one per window is negligible.  Were a
 rank's arithmetic ever to differ between checks, the ranks would still aggregate the same
 allgathered payloads (the same update everywhere) as long as their CFs go through the same
 kind of collective; collectives of two kinds under one name (a dense step on one rank

@@ -49,9 +49,9 @@ class HorovodBackend(CollectiveBackend):
         each way, as an allgather would.  Why not the allgather: Gloo's allgather (like its
         alltoall) writes a rank's data before its notice that it is ready to receive, into the
         one TCP stream between the two ranks, so whichever rank enters second has its notice
-        queued behind its whole block, and the two directions run one after the other (2.1x the
-        link's time for 1 MB at 100 Mbit/s against 1.4x here; ``docs/benchmarks.md``).  Its
-        reduce-scatter and allreduce post their receives first."""
+        queued behind its whole block, and the two directions run one after the other
+        (``docs/benchmarks.md``, "Step cost", has the timings).  Its reduce-scatter and
+        allreduce post their receives first."""
         me = self.rank()
         rows = block.shape[0]
         buf = torch.zeros((2 * rows,) + tuple(block.shape[1:]), dtype=block.dtype, device=block.device)
