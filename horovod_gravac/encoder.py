@@ -135,8 +135,15 @@ class BucketEncoder:
                          low_rank=reference.low_rank, waits=waits)
 
     def dense_cost(self, bucket) -> Cost:
+        """The modelled dense allreduce of ``bucket`` (asked every step: kept, as ``exchange_for``'s
+        choices are, per size, dtypes and world size)."""
         value, dense = self._bytes(bucket)
-        return exchange_cost("dense", bucket.numel, bucket.numel, self.link.world, self.link_model, value, dense)
+        key = ("dense", bucket.numel, value, dense, self.link.world)
+        cost = self._choices.get(key)
+        if cost is None:
+            cost = self._choices[key] = exchange_cost("dense", bucket.numel, bucket.numel, self.link.world,
+                                                      self.link_model, value, dense)
+        return cost
 
     def _generator(self, device) -> torch.Generator:
         gen = self._generators.get(device)
