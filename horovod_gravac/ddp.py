@@ -59,6 +59,7 @@ from .ddp_backend import DDPBackend
 from .encoder import BucketEncoder, EncoderSettings
 from .error_feedback import ErrorFeedback, IntervalSum, finite_tensor
 from .exchange import CommModel, Waits, check_link, check_mode
+from .link_emulation import emulated
 from .lowrank import PowerSGDState
 from .options import NONFINITE_POLICIES, compressor_factory, reference_compressor
 from .pipeline import BucketPipeline
@@ -222,7 +223,8 @@ class GravacState:
         exchange on them.  Once; the settings are compared across ranks at the first step."""
         if self.backend is not None:
             return
-        backend = DDPBackend(self.process_group, self.timeout)   # raises if torch.distributed is not initialized
+        # raises if torch.distributed is not initialized; emulated: $HOROVOD_GRAVAC_EMULATE_LINK
+        backend = emulated(DDPBackend(self.process_group, self.timeout))
         link = Link(backend, True, 1.0, backend.size(), self.timeout)
         s = self.settings
         settings = EncoderSettings(WIRES[self.compression], s["nonfinite"], s["local_clip_norm"], join_safe=False,

@@ -73,6 +73,7 @@ from .encoder import BucketEncoder, EncoderSettings
 from .error_feedback import ErrorFeedback, IntervalSum, finite_tensor, save_by_name
 from .exchange import CommModel, check_link, check_mode
 from .horovod_backend import HorovodBackend
+from .link_emulation import emulated
 from .lowrank import PowerSGDState
 from .options import (OptimizerOptions, check_passes, is_gravac_compressor, is_wire_compression,
                       misplaced_compression_error)
@@ -337,7 +338,7 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._interval = IntervalSum(controller.needs_accumulation, controller.tracks_delivery, undoable)
         self._powersgd = PowerSGDState(self._memory)   # PowerSGD's warm starts and error feedback
         self._shared_seed = options.reference_compressor.step_seeded
-        backend = HorovodBackend(self.process_set)
+        backend = emulated(HorovodBackend(self.process_set))   # $HOROVOD_GRAVAC_EMULATE_LINK: link_emulation.py
         self._link = Link(backend, options.average, self.gradient_predivide_factor,
                           backend.size() if self._included else 1, self._timeout)
         self._sparse = SparseGradients(self._link, self._prefix)   # params whose gradients are sparse

@@ -36,6 +36,8 @@ import torch.nn.functional as F
 
 from .. import controllers as C
 from ..cf import check_cf
+from ..exchange import LINK_ENV, parse_rate
+from ..link_emulation import EMULATE_ENV
 from . import data as gdata
 from .models import MODEL_NAMES, build_model, count_parameters, detach_hidden
 from .runlog import RunWriter
@@ -134,7 +136,7 @@ DEFAULTS: Dict[str, Any] = dict(
     weight_decay=1e-4, lr_milestones="", lr_gamma=0.1, warmup_steps=0, clip_norm=None,
     momentum_correction=False, local_clip_norm=None,
     bptt=35, width=None, blocks=None, head_hidden=None, num_buckets=None, dropout=None, tie_weights=None, seed=42, out=None,
-    threads=None, device="auto", log_every=None, max_eval_batches=None)
+    threads=None, device="auto", log_every=None, max_eval_batches=None, emulate_link=None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Top-k compressor: a bucket with fewer nonzeros than k is topped up with zeros "
                         "(send, the paper's Top-k; default) or sends its nonzeros alone (skip: "
                         "TopKCompressor(send_zeros=False))")
+    g.add_argument("--emulate-link", metavar="RATE",
+                   help="make every collective also cost its bytes at RATE (e.g. 100mbit), emulated in "
+                        "user space: ranks on one machine exchange at memory speed, so the CF changes no "
+                        "step time there (horovod_gravac.link_emulation; default: the real link alone)")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=int, help="training iterations (default 200)")
     t.add_argument("--eval-every", type=int, help="evaluate every N steps and at the end (50)")
@@ -256,6 +262,11 @@ def resolve_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             parser.error("--num-buckets applies to --model ngram only")
         if args.num_buckets < 1:
             parser.error("--num-buckets must be >= 1")
+    if args.emulate_link is not None:
+        try:
+            parse_rate(args.emulate_link)
+        except ValueError as e:
+            parser.error(f"--emulate-link: {e}")
     if args.out is None:
         args.out = os.path.join("runs", f"{args.model}-{args.controller}-{time.strftime('%Y%m%d-%H%M%S')}")
     return args
@@ -345,6 +356,8 @@ def make_optimizer(args, model: torch.nn.Module):
                            weight_decay=args.weight_decay)
     # Dense SGD compresses nothing: it needs no compressor.
     compressor = None if args.controller == "dense" else make_compressor(args)
+    if args.emulate_link:   # the link the ranks pay for, and the one the exchange choice models
+        os.environ[EMULATE_ENV] = os.environ[LINK_ENV] = str(args.emulate_link)
     opt = DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                compressor=compressor, controller=make_controller(args),
                                backward_passes_per_step=1, momentum_correction=momentum_correction,

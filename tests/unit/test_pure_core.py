@@ -105,7 +105,7 @@ print("ok")
 #: ``Compressor`` when it is there, so importing them loads it then).
 CORE = ["horovod_gravac." + m for m in (
     "compressors", "error_feedback", "accounting", "encoder", "transfers", "lowrank", "consensus",
-    "checkpoint", "comm", "backend", "pipeline", "options", "sparse")]
+    "checkpoint", "comm", "backend", "link_emulation", "pipeline", "options", "sparse")]
 HOROVOD_ONLY = ["horovod_gravac.horovod_backend", "horovod_gravac.optimizer", "horovod_gravac.elastic"]
 
 
