@@ -16,6 +16,19 @@ check predicts two things for every rung of the policy:
   ``cf`` steps' worth of the coordinates it has not sent yet, so the share of a window's
   debt still undelivered at its end grows with the CF.
 
+The exchange a CF takes can change with it past two ranks (``exchange.py``: the sparse
+allreduce at low CFs, the allgather at high ones, dense where a payload would cost more), and
+so can the form of its communication time.  Given the optimizer's ``comm_model``
+(:meth:`set_comm_model`; the optimizer and the DDP hook hand it over), the fit above runs
+over the measured CFs whose buckets take the same exchanges as the rung predicted (a rung
+whose buckets all go dense costs what dense measured, whatever its CF); a rung with no such
+measurement is predicted from the nearest measured CF, scaled by the modelled ratio.  Dense
+is then a rung too: a check sends dense when its predicted step is faster than every rung's
+by more than ``omega`` (the gain of dense is 1), and a hold at theta_min holds dense instead
+when theta_min is the slower, so theta_min is never a floor slower than not compressing.  At
+two ranks every CF takes the same exchange and dense costs more than any CF, so none of this
+changes a choice there; at 8 or 16 ranks it can.
+
 The next CF is the lowest rung whose predicted step is within ``omega`` of the fastest
 predicted step among the rungs predicted to pass epsilon (and at most ``max_jump`` times the
 CF sent).  Compression throughput (samples/s x gain) is what the paper maximises; with the
@@ -50,6 +63,7 @@ over ``window`` steps, and a hold that was not needed costs one probe interval a
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from typing import Dict, List, Optional, Tuple
@@ -117,6 +131,15 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._retry_at: Dict[float, int] = {}   # CF -> first check it may be sent again
         self._failures: Dict[float, int] = {}   # CF -> failed checks since it last passed
         self._interval: List[Tuple[float, float]] = []   # (step time, comm time) since the last check
+        self.comm_model = None          # the optimizer's exchange.CommModel (set_comm_model)
+        self.dense_by_cost = False      # sending dense because it is predicted fastest ...
+        self._dense_instead_of = self.theta_min0   # ... than this CF (the one it replaced)
+        self._dense_until = 0           # the check at which that CF is tried again
+
+    def set_comm_model(self, model) -> None:
+        """The optimizer's :class:`~horovod_gravac.exchange.CommModel`: which exchange each CF's
+        buckets take at this world size, and their modelled cost (module doc)."""
+        self.comm_model = model
 
     def set_world_size(self, n: int) -> None:
         if max(1, int(n)) != self.world_size:   # times measured in another world predict nothing here
@@ -187,12 +210,41 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self.comm_time[sent] = statistics.median(c for _, c in steps)
 
     def predict_step(self, cf: float) -> Optional[float]:
-        """Predicted seconds per step at ``cf`` (None before anything was measured)."""
-        sparse = {c: t for c, t in self.comm_time.items() if c != DENSE}
-        if self.compute_time is None or not sparse:
+        """Predicted seconds per step at ``cf`` (``DENSE``: dense; None before anything was
+        measured, or for dense without a ``comm_model``)."""
+        comm = self.predict_comm(cf)
+        return None if comm is None or self.compute_time is None else self.compute_time + comm
+
+    def predict_comm(self, cf: float) -> Optional[float]:
+        """Predicted seconds of communication per step at ``cf`` (module doc)."""
+        model = self.comm_model
+        if model is None or not model.buckets:
+            sparse = {c: t for c, t in self.comm_time.items() if c != DENSE}
+            if cf == DENSE or not sparse:
+                return None
+            latency, volume = fit_comm_model(sparse)
+            return latency + volume / cf
+        if not self.comm_time:
             return None
-        latency, volume = fit_comm_model(sparse)
-        return self.compute_time + latency + volume / cf
+        kinds = tuple(model.kinds(cf))
+        same = {c: t for c, t in self.comm_time.items() if tuple(model.kinds(c)) == kinds}
+        if same:
+            if all(k == "dense" for k in kinds):   # dense whatever the CF
+                return statistics.median(same.values())
+            latency, volume = fit_comm_model(same)
+            return latency + volume / cf
+        nearest = min(self.comm_time, key=lambda c: abs(math.log(c / cf)))
+        modelled = model.step_seconds(nearest)
+        return self.comm_time[nearest] * model.step_seconds(cf) / modelled if modelled > 0 else None
+
+    def _dense_faster(self, than: List[float]) -> bool:
+        """Whether dense is predicted faster than every CF in ``than`` by more than omega."""
+        dense = self.predict_step(DENSE)
+        times = [self.predict_step(cf) for cf in than]
+        if dense is None or not times or any(t is None for t in times):
+            return False
+        self.predicted_step[DENSE] = dense
+        return dense * (1 + self.omega) < min(times)
 
     def _blocked(self, cf: float) -> bool:
         return self._checks < self._retry_at.get(cf, 0)
@@ -242,11 +294,17 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self.throughput.close_window({sent: gain} if gain is not None else {})
         signal_rich = self._signal_rich()
         threshold = self.keep_epsilon if sent in self.kept else self.epsilon
-        move, send = "stay", sent
-        if gain is None:
-            pass   # a non-finite step ended the interval: the same CF again
+        move, send, by_cost = "stay", sent, False
+        if gain is None:   # a non-finite step ended the interval: the same CF again
+            by_cost = self.dense_by_cost
         elif sent == DENSE:
-            if not self._blocked(self.theta_min0):
+            if self.dense_by_cost:   # still faster than the CF it replaced: stay; else, or after
+                # remeasure_windows windows (the gains may have grown meanwhile), try that CF again
+                if self._checks >= self._dense_until or not self._dense_faster([self._dense_instead_of]):
+                    send, move = self._dense_instead_of, "retry"
+                else:
+                    by_cost = True
+            elif not self._blocked(self.theta_min0):
                 send, move = self.theta_min0, "retry"
         elif gain < threshold:
             self.delivered_gain[sent] = gain
@@ -261,6 +319,11 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
             else:
                 send = self._choose(sent, gain)
                 move = "up" if send > sent else "down" if send < sent else "stay"
+            if self._dense_faster([send]):
+                self._dense_instead_of, self._dense_until = send, self._checks + self.remeasure_windows
+                send, by_cost = DENSE, True
+                move = "hold" if move == "hold" else "dense"
+        self.dense_by_cost = by_cost
         self._next_check = self.step + (self.window if move == "stay" else self.probe_steps)
         self.theta_min = self.candidate_cf = send if send != DENSE else self.theta_min0
         self.decision = Decision(send, send, send) if send != DENSE else Decision(DENSE, self.theta_min0,
@@ -279,7 +342,9 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
                       "retry_at": dict(self._retry_at), "failures": dict(self._failures),
                       "interval": list(self._interval), "coherence": self.coherence,
                       "signal_share": self.signal_share,
-                      "holding": self.holding, "coherence_steps": list(self._coherence_steps)})
+                      "holding": self.holding, "coherence_steps": list(self._coherence_steps),
+                      "dense_by_cost": self.dense_by_cost, "dense_instead_of": self._dense_instead_of,
+                      "dense_until": self._dense_until})
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -297,3 +362,6 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self.signal_share = state.get("signal_share")
         self.holding = bool(state.get("holding", self.needs_coherence))
         self._coherence_steps = deque(state.get("coherence_steps", []), maxlen=self.window)
+        self.dense_by_cost = bool(state.get("dense_by_cost", False))
+        self._dense_instead_of = float(state.get("dense_instead_of", self.theta_min0))
+        self._dense_until = int(state.get("dense_until", 0))

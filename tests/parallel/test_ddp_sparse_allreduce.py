@@ -93,3 +93,15 @@ def test_auto_reports_its_choice_and_the_model():
     assert state.stats["exchange"] == "auto"
     assert state.stats["dense_model_s"] == pytest.approx(model.step_seconds(1))
     assert sorted(set(model.kinds(10))) == sorted(set(state.stats["transfers"].split("+")))
+
+
+def test_the_controller_is_handed_the_model_of_ddps_buckets():
+    """GraVAC's step-time model ranks dense among the CFs through the exchange model; DDP's
+    buckets are known once a step has run, so the hook hands the model over then (and again
+    if DDP rebuilds them)."""
+    ctrl = hg.GraVAC(window=16)
+    params, state = train("auto", controller=ctrl)
+    assert_identical(params, "handed")
+    assert ctrl.comm_model is not None
+    assert [b.numel for b in ctrl.comm_model.buckets] == [b.numel for b in state.comm_model.buckets]
+    assert ctrl.comm_model.world == SIZE

@@ -156,3 +156,90 @@ def test_a_new_world_forgets_the_step_time_model():
     assert ctrl.comm_time
     ctrl.set_world_size(3)
     assert not ctrl.comm_time and ctrl.compute_time is None and ctrl.predict_step(10.0) is None
+
+
+# -- the exchange's cost model: dense as a rung, exchanges that change with the CF ----------------
+from horovod_gravac.exchange import BucketShape, CommModel, LinkModel   # noqa: E402
+
+
+def _model(world, mode="allgather", numel=1_000_000, rate="100mbit"):
+    return CommModel(mode, LinkModel.from_rate(rate), world, [BucketShape(numel)])
+
+
+def _paths(world, mode, gains, coherence=None, steps=150):
+    """CFs sent by a controller with and without the comm model, each step's comm as modelled."""
+    out = []
+    for with_model in (False, True):
+        model = _model(world, mode)
+        ctrl = GraVAC(variant="predictive", window=100, epsilon=0.9, coherence_max=1.0 if coherence is None else None)
+        ctrl.set_world_size(world)
+        if with_model:
+            ctrl.set_comm_model(model)
+        sent = []
+        for _ in range(steps):
+            cf = ctrl.decision.send_cf
+            sent.append(cf)
+            comm = model.step_seconds(cf)
+            at_check = ctrl.interval_ends_at(ctrl.step + 1)
+            # ``gains`` as a full window reads them: a shorter interval reads the loss scaled up
+            steps_in = ctrl._next_check - ctrl._interval_start
+            read = max(0.0, 1 - (1 - gains(cf)) * 100 / steps_in)
+            sums = dict(accumulated_sq=1.0, window_sent_sq=1.0, window_dot=math.sqrt(read)) if at_check else {}
+            ctrl.observe(StepObservation(ef_sq=1.0, min_sq=0.9, candidate_sq=0.9, step_time=0.025 + comm,
+                                         samples=2.0, comm_time=comm, coherence=coherence, **sums))
+        out.append((sent, ctrl))
+    return out
+
+
+def test_at_two_ranks_the_comm_model_changes_no_choice():
+    """Every CF takes the pair exchange at two ranks and dense costs more than any CF: the
+    rule's path is the same with the model as without it."""
+    for gains in (lambda cf: 0.99, lambda cf: 1 - 0.004 * cf):
+        (plain, _), (modelled, ctrl) = _paths(2, "auto", gains, steps=400)
+        assert plain == modelled and DENSE not in modelled
+        assert ctrl.comm_model is not None
+
+
+def test_dense_is_a_rung_where_theta_min_is_slower_than_dense():
+    """16 ranks, the paper's allgather: 10x sends 15 x 8 bytes x 100k = 12 MB a rank, dense
+    7.5 MB.  When the gain allows nothing above 10x, the rule sends dense rather than a
+    theta_min that is slower than not compressing; without the model it stays at 10x."""
+    gains = lambda cf: 1 - 0.006 * cf   # 10x: 0.94; 20x predicted 0.88 < 0.9      # noqa: E731
+    (plain, _), (modelled, ctrl) = _paths(16, "allgather", gains, steps=300)
+    assert set(plain) == {10.0}
+    assert modelled[:25] == [10.0] * 25 and set(modelled[26:]) == {DENSE}
+    assert ctrl.dense_by_cost and ctrl.history[0]["move"] == "dense"
+    assert ctrl.history[-1]["move"] == "stay" and ctrl.predicted_step[DENSE] < ctrl.predicted_step[10.0]
+
+
+def test_a_hold_holds_dense_when_theta_min_is_slower():
+    (plain, _), (modelled, ctrl) = _paths(16, "allgather", lambda cf: 0.99, coherence=0.9, steps=200)
+    assert set(plain) == {10.0}   # held at theta_min
+    assert set(modelled[26:]) == {DENSE} and ctrl.holding
+    assert [h["move"] for h in ctrl.history] == ["hold", "stay", "stay"]   # then dense is kept
+
+
+def test_where_the_cf_is_worth_it_dense_is_left_and_the_choice_differs_from_two_ranks():
+    """At 16 ranks a gain that allows 160x: the allgather at 160x (750 kB) beats dense, so
+    the rule climbs; the same readings at 2 ranks climb as well, and neither sends dense."""
+    (_, _), (sixteen, _) = _paths(16, "allgather", lambda cf: 0.99)
+    assert DENSE not in sixteen and max(sixteen) > 10.0
+
+
+def test_a_rung_whose_buckets_all_go_dense_is_predicted_as_dense_measured():
+    model = CommModel("auto", LinkModel(), 16, [BucketShape(10_000)])   # 1 Gbit/s
+    assert model.kinds(10.0) == ["dense"] and model.kinds(20.0) != ["dense"]
+    ctrl = GraVAC(variant="predictive", window=100)
+    ctrl.set_world_size(16)
+    ctrl.set_comm_model(model)
+    ctrl.compute_time, ctrl.comm_time = 0.01, {10.0: 0.004}
+    assert ctrl.predict_comm(10.0) == ctrl.predict_comm(DENSE) == pytest.approx(0.004)   # dense either way
+    # 20x takes the allgather: no measurement of it, so 10x's scaled by the modelled ratio
+    assert ctrl.predict_comm(20.0) == pytest.approx(0.004 * model.step_seconds(20.0) / model.step_seconds(10.0))
+
+
+def test_the_dense_choice_survives_a_checkpoint():
+    (_, _), (_, ctrl) = _paths(16, "allgather", lambda cf: 1 - 0.006 * cf, steps=300)
+    fresh = GraVAC(variant="predictive", window=100, epsilon=0.9, coherence_max=1.0)
+    fresh.load_state_dict(pickle.loads(pickle.dumps(ctrl.state_dict())))
+    assert fresh.dense_by_cost and fresh.decision.send_cf == DENSE
