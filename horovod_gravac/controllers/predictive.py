@@ -23,11 +23,13 @@ so can the form of its communication time.  Given the optimizer's ``comm_model``
 over the measured CFs whose buckets take the same exchanges as the rung predicted (a rung
 whose buckets all go dense costs what dense measured, whatever its CF); a rung with no such
 measurement is predicted from the nearest measured CF, scaled by the modelled ratio.  Dense
-is then a rung too: a check sends dense when its predicted step is faster than every rung's
-by more than ``omega`` (the gain of dense is 1), and a hold at theta_min holds dense instead
-when theta_min is the slower, so theta_min is never a floor slower than not compressing.  At
-two ranks every CF takes the same exchange and dense costs more than any CF, so none of this
-changes a choice there; at 8 or 16 ranks it can.
+is then a rung too: a check sends dense when its predicted step is faster than that of the CF
+it would send by more than ``omega`` (the gain of dense is 1), and a hold at theta_min holds
+dense instead when theta_min is the slower, so theta_min is never a floor slower than not
+compressing; the CF dense replaced is tried again after ``remeasure_windows`` windows, since
+its gain may have grown.  At two ranks every CF takes the pair exchange, which costs less
+than dense above about 3x, so from theta_min's default of 10 up none of this changes a
+choice there; at 8 or 16 ranks it can.
 
 The next CF is the lowest rung whose predicted step is within ``omega`` of the fastest
 predicted step among the rungs predicted to pass epsilon (and at most ``max_jump`` times the
@@ -238,7 +240,14 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         return self.comm_time[nearest] * model.step_seconds(cf) / modelled if modelled > 0 else None
 
     def _dense_faster(self, than: List[float]) -> bool:
-        """Whether dense is predicted faster than every CF in ``than`` by more than omega."""
+        """Whether dense is predicted faster than every CF in ``than`` by more than omega, where
+        the exchange model too ranks dense below each of them: where it does not (two ranks,
+        a CF above about 3x), measured times that say otherwise are noise, not a reason to
+        stop compressing."""
+        model = self.comm_model
+        if model is None or not model.buckets \
+                or any(model.step_seconds(DENSE) >= model.step_seconds(cf) for cf in than):
+            return False
         dense = self.predict_step(DENSE)
         times = [self.predict_step(cf) for cf in than]
         if dense is None or not times or any(t is None for t in times):

@@ -192,7 +192,7 @@ def _paths(world, mode, gains, coherence=None, steps=150):
 
 
 def test_at_two_ranks_the_comm_model_changes_no_choice():
-    """Every CF takes the pair exchange at two ranks and dense costs more than any CF: the
+    """Every CF takes the pair exchange at two ranks and, from 10x up, dense costs more: the
     rule's path is the same with the model as without it."""
     for gains in (lambda cf: 0.99, lambda cf: 1 - 0.004 * cf):
         (plain, _), (modelled, ctrl) = _paths(2, "auto", gains, steps=400)
@@ -243,3 +243,18 @@ def test_the_dense_choice_survives_a_checkpoint():
     fresh = GraVAC(variant="predictive", window=100, epsilon=0.9, coherence_max=1.0)
     fresh.load_state_dict(pickle.loads(pickle.dumps(ctrl.state_dict())))
     assert fresh.dense_by_cost and fresh.decision.send_cf == DENSE
+
+
+def test_noisy_times_do_not_send_dense_where_the_model_ranks_dense_slower():
+    """Two ranks, a tiny latency-bound model: every step's wait is noise around 5 ms whatever
+    the CF, dense included.  The exchange model ranks dense above every CF from 10x, so the
+    rule never sends dense for its cost, whatever the measured times say."""
+    import random
+    rnd = random.Random(0)
+    model = CommModel("auto", LinkModel(), 2, [BucketShape(4485), BucketShape(2112)])
+    ctrl = GraVAC(variant="predictive", window=8, coherence_max=1.0)
+    ctrl.set_world_size(2)
+    ctrl.set_comm_model(model)
+    ctrl.comm_time[DENSE] = 0.001   # dense once measured far faster than any CF
+    sent = drive(ctrl, 400, lambda cf: 0.99, lambda cf: rnd.uniform(0.002, 0.008), compute=0.002)
+    assert DENSE not in sent and not any(h["move"] == "dense" for h in ctrl.history)
