@@ -222,7 +222,7 @@ def launch(hook: str, rate: str, steps: int, eval_every: int, seed: int, record:
     cmd = [sys.executable, "-m", "benchmarks.ddp_hooks", "--rank", "--hook", hook, "--workload", args.workload,
            "--steps", str(steps), "--eval-every", str(eval_every), "--seed", str(seed), "--record", record]
     with EmulatedCluster(args.np, rate, None) as cluster:
-        env = {"MASTER_ADDR": cluster.address(0), "MASTER_PORT": "29517", "GLOO_SOCKET_IFNAME": cluster.iface,
+        env = {"MASTER_ADDR": cluster.address(0), "MASTER_PORT": str(cluster.port(29517)), "GLOO_SOCKET_IFNAME": cluster.iface,
                "OMP_NUM_THREADS": "1"}
         try:
             launch_ranks(cluster, cmd, args.timeout, env=env)

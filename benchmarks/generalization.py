@@ -58,6 +58,7 @@ TIMING_STEPS, WARMUP = 50, 5
 TOLERANCE_PP, TOLERANCE_PPL = 0.5, 0.02
 STATIC_CFS = (10, 30, 100, 300, 1000)
 DEFAULT = "gravac"
+COMMIT_FILE = "commit.txt"   # in each run directory: the commit of the tree that ran it
 
 #: name -> (--controller spec, kind): "fixed" is trained once on localhost and timed by short
 #: runs; "adaptive" is trained at the rate.
@@ -104,6 +105,8 @@ def launch(seed: int, spec: str, run_dir: str, rate: Optional[str], ddp: bool, t
     if runlog.is_finished(run_dir):
         return True
     os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, COMMIT_FILE), "w") as f:   # the report names the code each draw ran
+        f.write(commit() + "\n")
     cmd = [sys.executable, "-m", "benchmarks.workloads", "train", "--seed", str(seed), "--controller", spec,
            "--out", run_dir] + (["--ddp"] if ddp else []) + (["--steps", str(steps)] if steps else []) \
         + (["--diagnose"] if diagnose else [])
@@ -111,7 +114,7 @@ def launch(seed: int, spec: str, run_dir: str, rate: Optional[str], ddp: bool, t
     with EmulatedCluster(2, rate, None, force_localhost=rate is None) as cluster:
         env = {"OMP_NUM_THREADS": "1"}
         if ddp:
-            env.update({"MASTER_ADDR": cluster.address(0), "MASTER_PORT": "29531",
+            env.update({"MASTER_ADDR": cluster.address(0), "MASTER_PORT": str(cluster.port(29531)),
                         "GLOO_SOCKET_IFNAME": cluster.iface})
         results = launch_ranks(cluster, cmd, timeout, env=env, check=False, log_dir=run_dir)
     ok = all(r.returncode == 0 for r in results) and runlog.is_finished(run_dir)
@@ -270,13 +273,38 @@ def commit() -> str:
         return "unknown"
 
 
+def ran_at(draws: List[dict], out: str) -> str:
+    """Which commit ran each draw's adaptive run (its ``commit.txt``), as ranges of seeds."""
+    by_commit: Dict[str, List[int]] = {}
+    for d in draws:
+        path = os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT, COMMIT_FILE)
+        try:
+            with open(path) as f:
+                at = f.read().strip() or "unknown"
+        except OSError:
+            at = "unknown"
+        by_commit.setdefault(at, []).append(d["seed"])
+    return "; ".join(f"{_ranges(seeds)} at {at}" for at, seeds in by_commit.items())
+
+
+def _ranges(seeds: List[int]) -> str:
+    seeds, parts, start = sorted(seeds), [], None
+    for i, s in enumerate(seeds):
+        if start is None:
+            start = s
+        if i + 1 == len(seeds) or seeds[i + 1] != s + 1:
+            parts.append(f"{start}" if start == s else f"{start}-{s}")
+            start = None
+    return ", ".join(parts)
+
+
 def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int]) -> None:
     names = list(configs(ddp))
     title = "DDP hooks" if ddp else "Horovod"
     md = [f"# Generalization benchmark ({title})", "",
           f"Draws {seeds[0]}-{seeds[-1]} of `benchmarks/workloads.py`, 2 ranks on emulated {RATE} links; "
           f"written by `python -m benchmarks.generalization{' --ddp' if ddp else ''} --seeds {seeds[0]}-{seeds[-1]}` "
-          f"at commit {commit()}.",
+          f"at commit {commit()}; the draws' `{DEFAULT}` runs at {ran_at(draws, out)}.",
           "TTA: training seconds to within 0.5 pp of dense's final accuracy (language models: 2 % of its "
           "perplexity); '-': never reached.  Comm: the share of a Top-k 10x step spent waiting for "
           "communication.  Ratios are TTA over the best static CF's (in hindsight, over "

@@ -440,6 +440,15 @@ class EmulatedCluster:
     def address(self, rank: int) -> str:
         return rank_addr(self.subnet, rank) if self.mode == "netns" else "127.0.0.1"
 
+    def port(self, default: int) -> int:
+        """A port for rank 0's rendezvous: ``default`` inside this run's own namespaces, else
+        one the system has free now (plain localhost ranks share the machine with other runs)."""
+        if self.mode == "netns":
+            return default
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
     @property
     def iface(self) -> str:
         return RANK_IFACE if self.mode == "netns" else "lo"
