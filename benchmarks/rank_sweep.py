@@ -25,6 +25,7 @@ compressed paths at that size) plus its ``wire_bytes`` at the link rate.  Ok-Top
 
     python -m benchmarks.rank_sweep                       # 2,4,8,16 ranks at 100mbit, 100 steps a path (~35 min)
     python -m benchmarks.rank_sweep --ranks 2,4 --blocks 3 --out /tmp/sweep   # a quick look
+    python -m benchmarks.rank_sweep --plot-only                # redraw the plot from results.csv
 
 Writes ``benchmarks/results/rank_sweep/results.md``, ``results.csv`` and ``step_vs_ranks.png``
 (``--out`` changes the folder).  ``python -m benchmarks.cost_model ranks`` checks its cost
@@ -207,6 +208,14 @@ FIELDS = ("ranks", "path", "transfers", "cf", "step_ms", "vs_dense", "comm_ms", 
           "model_dense_ms", "rate", "mode", "numel")
 
 
+def read_rows(path: str) -> List[dict]:
+    """``results.csv`` back as rows (numbers as numbers, empty cells as None)."""
+    text = ("path", "transfers", "rate", "mode")
+    with open(path, newline="") as f:
+        return [{k: (v if k in text else None if v == "" else int(v) if k in ("ranks", "numel") else float(v))
+                 for k, v in r.items()} for r in csv.DictReader(f)]
+
+
 def _fmt(v, digits=1):
     if v is None:
         return "-"
@@ -266,13 +275,13 @@ def plot(rows: List[dict], path: str) -> None:
              "sparse10": ("tab:blue", "^", "sparse allreduce, Top-k 10x"),
              "sparse100": ("tab:green", "^", "sparse allreduce, Top-k 100x")}
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for path, (color, marker, label) in style.items():
-        part = sorted((r for r in rows if r["path"] == path), key=lambda r: r["ranks"])
+    for name, (color, marker, label) in style.items():
+        part = sorted((r for r in rows if r["path"] == name), key=lambda r: r["ranks"])
         if not part:
             continue
         xs = [r["ranks"] for r in part]
         ax.plot(xs, [r["step_ms"] for r in part], color=color, marker=marker, label=label)
-        if part[0]["floor_ms"] is not None and path in ("dense", "sparse10", "sparse100", "allgather10"):
+        if part[0]["floor_ms"] is not None and name in ("dense", "sparse10", "sparse100", "allgather10"):
             ax.plot(xs, [r["floor_ms"] for r in part], color=color, linestyle=":", linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -298,9 +307,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--plot-only", action="store_true", help="redraw step_vs_ranks.png from --out's results.csv")
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.plot_only:
+        plot(read_rows(os.path.join(args.out, "results.csv")), os.path.join(args.out, "step_vs_ranks.png"))
+        return 0
     rows = measure([int(n) for n in args.ranks.split(",")], args.paths.split(","), args.rate, args.blocks,
                    args.timeout)
     command = "python -m benchmarks.rank_sweep" + "".join(
