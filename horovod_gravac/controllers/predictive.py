@@ -48,8 +48,8 @@ window gain of a CF that is kept moves from window to window with the gradient's
 drifts down as the run converges; one threshold for both would step a good CF down and back
 on that noise, each time paying a trial.  A failed CF is not tried again for
 ``remeasure_windows`` windows, doubled after each further failure (as in ``delivered``).
-The first CF is judged after ``probe_steps`` too.  A check without a move comes a full
-``window`` later.
+The first CF is judged after ``probe_steps`` too.  A check without a move, or one that sends
+dense for its cost (dense needs no trial), comes a full ``window`` later.
 
 The gain cannot tell whether what a CF drops matters; the signal share of the gradient can
 (``coherence.py``).  While the gradient the ranks average is at least half signal (the mean
@@ -333,7 +333,9 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
                 send, by_cost = DENSE, True
                 move = "hold" if move == "hold" else "dense"
         self.dense_by_cost = by_cost
-        self._next_check = self.step + (self.window if move == "stay" else self.probe_steps)
+        # dense chosen for its cost needs no trial (its gain is 1): its next check is a window away
+        settled = move == "stay" or (by_cost and move != "hold")
+        self._next_check = self.step + (self.window if settled else self.probe_steps)
         self.theta_min = self.candidate_cf = send if send != DENSE else self.theta_min0
         self.decision = Decision(send, send, send) if send != DENSE else Decision(DENSE, self.theta_min0,
                                                                                   self.theta_min0)
