@@ -215,7 +215,7 @@ class GravacState:
         self.stats: Dict[str, object] = {}
         self.last_collectives: Tuple[tuple, ...] = ()
         self._waits = Waits()   # this rank's waits for its transfers (comm_model.measured)
-        self._modelled_buckets: Tuple[int, ...] = ()   # the buckets of the comm_model last handed to the controller
+        self._layout_changed = False   # a bucket was added since the controller was last handed the comm_model
 
     # -- the group --------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -295,10 +295,10 @@ class GravacState:
         self.last_collectives = tuple(record.collectives)
         if not skipped:
             self._waits.observe(stats["transfers"], stats["cf"], comm_time)
-        shapes = tuple(b.numel for b in self._buckets())
-        if shapes != self._modelled_buckets and callable(getattr(ctrl, "set_comm_model", None)):
-            self._modelled_buckets = shapes   # DDP's buckets are known once a step has run (and may be rebuilt)
-            ctrl.set_comm_model(self.comm_model)
+        if self._layout_changed:   # DDP's buckets are known once a step has run (and may be rebuilt)
+            self._layout_changed = False
+            if callable(getattr(ctrl, "set_comm_model", None)):
+                ctrl.set_comm_model(self.comm_model)
         observe_step(self.exchange, ctrl, record.step_stats, step_time, self.link.world, record.at_boundary,
                      skipped, stats, comm_time)
         self.stats = stats
@@ -364,6 +364,7 @@ class GravacState:
             raise RuntimeError(f"horovod_gravac.ddp: DDP bucket {index} holds {grad_bucket.buffer().numel()} "
                                f"entries for parameters of {bucket.numel}")
         self.layout[index] = bucket
+        self._layout_changed = True
         if self._carried is not None:   # this step's re-bucketing: the residuals follow by name
             residuals, sums = self._carried
             self.memory.load_state_dict(residuals, [bucket])

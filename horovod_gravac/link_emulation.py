@@ -50,27 +50,24 @@ class EmulatedLinkBackend(CollectiveBackend):
     def size(self) -> int:
         return self.inner.size()
 
-    def _launched(self, handle, nbytes: float):
-        return _Emulated(handle, nbytes)
-
     def allreduce_async(self, tensor, name, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
         p = self.size()
-        return self._launched(self.inner.allreduce_async(tensor, name, op, prescale_factor, postscale_factor),
+        return _Emulated(self.inner.allreduce_async(tensor, name, op, prescale_factor, postscale_factor),
                               2.0 * (p - 1) / p * _nbytes(tensor))
 
     def allgather_async(self, tensor, name):
-        return self._launched(self.inner.allgather_async(tensor, name), (self.size() - 1) * _nbytes(tensor))
+        return _Emulated(self.inner.allgather_async(tensor, name), (self.size() - 1) * _nbytes(tensor))
 
     def alltoall_async(self, tensor, splits: List[int], name):
         row = _nbytes(tensor) / max(1, tensor.shape[0]) if tensor.dim() else 0.0
         others = sum(s for j, s in enumerate(splits) if j != self.rank())
-        return self._launched(self.inner.alltoall_async(tensor, splits, name), others * row)
+        return _Emulated(self.inner.alltoall_async(tensor, splits, name), others * row)
 
     def pair_exchange_async(self, block, name):
-        return self._launched(self.inner.pair_exchange_async(block, name), _nbytes(block))
+        return _Emulated(self.inner.pair_exchange_async(block, name), _nbytes(block))
 
     def broadcast_async_(self, tensor, name, root=0):
-        return self._launched(self.inner.broadcast_async_(tensor, name, root),
+        return _Emulated(self.inner.broadcast_async_(tensor, name, root),
                               _nbytes(tensor) if self.size() > 1 else 0)
 
     def wait(self, handle, name: str, timeout: Optional[float] = None) -> torch.Tensor:
