@@ -23,8 +23,7 @@ measures the gain of a candidate CF on each step's own gradient, which on this t
 below epsilon 0.9 above 10x, so it stays at 10x and sends about a fifth of dense's floats.  The
 default measures what error feedback delivered over a window, and its coherence hold keeps
 10x while the gradient the ranks average is mostly signal (on the digits it is not); it moves
-to the CF its step-time model predicts fastest among those that keep the gain (160x, then
-higher).  That choice follows measured step times, which is why every run pays its bytes on
+to the CF its step-time model predicts fastest among those that keep the gain.  That choice follows measured step times, which is why every run pays its bytes on
 an emulated link (``LINKS``, ``--link``; :mod:`horovod_gravac.link_emulation`): two ranks on
 one machine exchange at memory speed, a step at 10x is then no slower than one at 1000x, and
 the choice would follow the noise of the machine.  ``--link none`` shows that case.  Digits is
@@ -84,9 +83,9 @@ RUNS = [
 #: Runs shown beside the checked ones, with what they are (not targets of this package).
 REFERENCES = {"gravac-paper": 'GraVAC(variant="paper"): the paper\'s published rule, for comparison'}
 #: The link each workload's collectives pay for (``--emulate-link``; module doc): slow enough
-#: that the dense exchange is most of a dense step on two CPU cores (about 85 % and 75 %), as
-#: on a communication-bound cluster job, and that a CF's wire time stands out of the timing
-#: noise of a busy machine.
+#: that the dense exchange is most of a dense step on two CPU cores, as on a
+#: communication-bound cluster job, and that a CF's wire time stands out of the timing noise
+#: of a busy machine (docs/benchmarks.md, "The demo's link", has the figures).
 LINKS = {"digits": "25mbit", "ngram-pydoc-chars": "1gbit"}
 ACCURACY_TOLERANCE = 0.01     # GraVAC within 1 percentage point of dense
 MIN_COMPRESSION = 10.0        # ... with at least 10x fewer floats sent
