@@ -538,7 +538,7 @@ def project_ranks(models: Dict[str, int], link_for, ranks: Sequence[int] = PROJE
 
 
 def ranks_report(sweep_csv: str, out_dir: str) -> str:
-    """``check_sweep`` and ``project_ranks`` written to ``out_dir/projection.md`` (and CSVs)."""
+    """``check_sweep`` and ``project_ranks`` written to ``out_dir/projection.md``."""
     fit = PROBE_FIT[PAPER_FIT_RATE]
     with open(sweep_csv, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -549,8 +549,6 @@ def ranks_report(sweep_csv: str, out_dir: str) -> str:
     models = {"sweep-cnn1d": sweep_params, **MODELS}
     projected = project_ranks(models, lambda bits: paper_link(bits, fit=fit))
     os.makedirs(out_dir, exist_ok=True)
-    write_rows(checked, os.path.join(out_dir, "model_check.csv"), list(checked[0]) if checked else ["ranks"])
-    write_rows(projected, os.path.join(out_dir, "projection.csv"), list(projected[0]))
     ratios = [c["measured_over_model"] for c in checked]
     lines = ["# The exchange cost model past two ranks", "",
              f"Written by `python -m benchmarks.cost_model ranks` from `{os.path.relpath(sweep_csv, os.path.dirname(HERE))}`.",
