@@ -92,13 +92,21 @@ class _Emulated:
         self.inner, self.nbytes = inner, float(nbytes)
 
 
-def emulated(backend: CollectiveBackend) -> CollectiveBackend:
-    """``backend`` behind the link ``$HOROVOD_GRAVAC_EMULATE_LINK`` gives, or as it is when
-    unset.  A rate that cannot be read is an error naming the variable."""
+def emulated_rate() -> Optional[str]:
+    """``$HOROVOD_GRAVAC_EMULATE_LINK`` (None when unset).  A rate that cannot be read is a
+    ``ValueError`` naming the variable."""
     rate = os.environ.get(EMULATE_ENV, "").strip()
     if not rate:
-        return backend
+        return None
     try:
-        return EmulatedLinkBackend(backend, rate)
+        parse_rate(rate)
     except ValueError as exc:
         raise ValueError(f"${EMULATE_ENV}: {exc}") from None
+    return rate
+
+
+def emulated(backend: CollectiveBackend) -> CollectiveBackend:
+    """``backend`` behind the link ``$HOROVOD_GRAVAC_EMULATE_LINK`` gives, or as it is when
+    unset (:func:`emulated_rate`)."""
+    rate = emulated_rate()
+    return backend if rate is None else EmulatedLinkBackend(backend, rate)

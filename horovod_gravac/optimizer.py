@@ -73,7 +73,7 @@ from .encoder import BucketEncoder, EncoderSettings
 from .error_feedback import ErrorFeedback, IntervalSum, finite_tensor, save_by_name
 from .exchange import CommModel, check_link, check_mode
 from .horovod_backend import HorovodBackend
-from .link_emulation import emulated
+from .link_emulation import emulated, emulated_rate
 from .lowrank import PowerSGDState
 from .options import (OptimizerOptions, check_passes, is_gravac_compressor, is_wire_compression,
                       misplaced_compression_error)
@@ -816,13 +816,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             controller=controller, bucket_cap_mb=bucket_cap_mb, check_consistency=check_consistency,
             momentum_correction=momentum_correction, local_clip_norm=local_clip_norm, timeout_s=timeout_s,
             nonfinite=nonfinite, grad_scaler=grad_scaler, join_safe=join_safe, defaults=optimizer.defaults)
+        options = dataclasses.replace(options, exchange=check_mode(exchange), link=check_link(link))
+        emulated_rate()   # a rate it cannot read is refused here, with the other arguments
     except ValueError as exc:
         # Every rank runs the same script, so every rank refuses the same arguments; without
         # this the first rank to exit ends the job, and its peers die mid-launch (Horovod's
         # runner stops them, or a Gloo read fails) before printing why.
         _refuse_on_every_rank(exc, process_set, check_consistency, timeout_s)
         raise
-    options = dataclasses.replace(options, exchange=check_mode(exchange), link=check_link(link))
     attrs = {k: v for cls in (_ElasticSupport, _Inspection, _GravacDistributedOptimizer)
              for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
     attrs["__module__"] = _HOROVOD_OPTIMIZER_MODULE   # see the note at its definition

@@ -58,3 +58,16 @@ def test_one_ranks_mistake_stops_every_rank_with_its_message():
     assert errors[0] == errors[1], errors
     assert MESSAGE in errors[0][0] and "raised on rank(s) 1" in errors[0][0], errors
     assert not _lost(out), out[-4000:]
+
+
+def test_one_ranks_unreadable_emulated_link_stops_every_rank_naming_the_variable():
+    """Only rank 1 has ``$HOROVOD_GRAVAC_EMULATE_LINK=fast``: it is refused with the other
+    arguments, so rank 0 raises the same error at the start-up check instead of waiting."""
+    proc = run_ranks(2, SCRIPT, "1", 0, "link", timeout=120)
+    out = proc.stdout
+    assert proc.returncode != 0, out[-4000:]
+    errors = _errors(out)
+    assert set(errors) == {0, 1}, f"not every rank raised the ValueError:\n{out[-4000:]}"
+    assert errors[0] == errors[1], errors
+    assert "$HOROVOD_GRAVAC_EMULATE_LINK" in errors[0][0] and "raised on rank(s) 1" in errors[0][0], errors
+    assert not _lost(out), out[-4000:]
