@@ -93,6 +93,18 @@ def parse_seeds(text: str) -> List[int]:
     return seeds
 
 
+def format_seeds(seeds: Sequence[int]) -> str:
+    """The ``--seeds`` text that :func:`parse_seeds` reads back as ``seeds`` (runs as LO-HI)."""
+    parts: List[str] = []
+    for seed in seeds:
+        if parts and parts[-1].rpartition("-")[2] == str(seed - 1):
+            lo = parts[-1].partition("-")[0]
+            parts[-1] = f"{lo}-{seed}"
+        else:
+            parts.append(str(seed))
+    return ",".join(parts)
+
+
 def configs(ddp: bool) -> Dict[str, Tuple[str, str]]:
     return DDP_CONFIGS if ddp else HOROVOD_CONFIGS
 
@@ -302,8 +314,8 @@ def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int]) -> None
     names = list(configs(ddp))
     title = "DDP hooks" if ddp else "Horovod"
     md = [f"# Generalization benchmark ({title})", "",
-          f"Draws {seeds[0]}-{seeds[-1]} of `benchmarks/workloads.py`, 2 ranks on emulated {RATE} links; "
-          f"written by `python -m benchmarks.generalization{' --ddp' if ddp else ''} --seeds {seeds[0]}-{seeds[-1]}` "
+          f"Draws {format_seeds(seeds)} of `benchmarks/workloads.py`, 2 ranks on emulated {RATE} links; "
+          f"written by `python -m benchmarks.generalization{' --ddp' if ddp else ''} --seeds {format_seeds(seeds)}` "
           f"at commit {commit()}; the draws' `{DEFAULT}` runs at {ran_at(draws, out)}.",
           "TTA: training seconds to within 0.5 pp of dense's final accuracy (language models: 2 % of its "
           "perplexity); '-': never reached.  Comm: the share of a Top-k 10x step spent waiting for "

@@ -128,6 +128,14 @@ def test_fixed_runs_are_timed_by_the_timing_runs_and_the_default_by_its_own_step
     assert rows["dense"]["tta_s"] == pytest.approx(6 * 1.0)
 
 
+@pytest.mark.parametrize("text, seeds", [("1000-1019", list(range(1000, 1020))), ("1001,1003", [1001, 1003]),
+                                         ("0-2,7,9-10", [0, 1, 2, 7, 9, 10]), ("5", [5])])
+def test_the_report_names_the_seeds_that_ran(text, seeds):
+    # the report's header gives the --seeds that regenerates it: a gap is not written as a range
+    assert G.parse_seeds(text) == seeds
+    assert G.format_seeds(seeds) == text
+
+
 def test_goals_count_misses_and_ties():
     def draw(seed, share, default, best, acc, t10=1.0):
         rows = {"gravac": {"tta_s": default, "timed": True}, "accordion": {"tta_s": acc, "timed": True},
