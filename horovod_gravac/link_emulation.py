@@ -53,7 +53,7 @@ class EmulatedLinkBackend(CollectiveBackend):
     def allreduce_async(self, tensor, name, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
         p = self.size()
         return _Emulated(self.inner.allreduce_async(tensor, name, op, prescale_factor, postscale_factor),
-                              2.0 * (p - 1) / p * _nbytes(tensor))
+                         2.0 * (p - 1) / p * _nbytes(tensor))
 
     def allgather_async(self, tensor, name):
         return _Emulated(self.inner.allgather_async(tensor, name), (self.size() - 1) * _nbytes(tensor))
@@ -68,7 +68,7 @@ class EmulatedLinkBackend(CollectiveBackend):
 
     def broadcast_async_(self, tensor, name, root=0):
         return _Emulated(self.inner.broadcast_async_(tensor, name, root),
-                              _nbytes(tensor) if self.size() > 1 else 0)
+                         _nbytes(tensor) if self.size() > 1 else 0)
 
     def wait(self, handle, name: str, timeout: Optional[float] = None) -> torch.Tensor:
         out = self.inner.wait(handle.inner, name, timeout)

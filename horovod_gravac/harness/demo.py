@@ -19,14 +19,15 @@ workloads:
 
 Why the two GraVAC rows differ.  Floats count values *and* int32 indices, so CF 10 sends 20 %
 of dense and 10x fewer floats needs CFs above 20 for most of the run.  The paper's rule
-measures the gain of a candidate CF on each step's own gradient, which on this tiny CNN falls
-below epsilon 0.9 above 10x, so it stays at 10x and sends about a fifth of dense's floats.  The
-default measures what error feedback delivered over a window, and its coherence hold keeps
-10x while the gradient the ranks average is mostly signal (on the digits it is not); it moves
-to the CF its step-time model predicts fastest among those that keep the gain.  That choice follows measured step times, which is why every run pays its bytes on
-an emulated link (``LINKS``, ``--link``; :mod:`horovod_gravac.link_emulation`): two ranks on
-one machine exchange at memory speed, a step at 10x is then no slower than one at 1000x, and
-the choice would follow the noise of the machine.  ``--link none`` shows that case.  Digits is
+measures the gain of a candidate CF on each step's own gradient, which on a small CNN falls
+quickly with the CF, so it can stay near theta_min and send about a fifth of dense's floats.
+The default measures what error feedback delivered over a window, and its coherence hold keeps
+10x only while the gradient the ranks average is mostly signal; otherwise it moves to the CF
+its step-time model predicts fastest among those that keep the gain.  That choice follows
+measured step times, which is why every run pays its bytes on an emulated link (``LINKS``,
+``--link``; :mod:`horovod_gravac.link_emulation`): two ranks on one machine exchange at memory
+speed, a step at 10x is then no slower than one at 1000x, and the choice would follow the
+noise of the machine.  ``--link none`` shows that case.  Digits is
 easy: every run, even static Top-k at 100x, ends near dense accuracy, so this workload shows
 the mechanics, not a case where adaptivity is needed for accuracy.
 
