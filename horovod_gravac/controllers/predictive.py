@@ -62,6 +62,19 @@ noise next to the sampling noise SGD already averages out; above it, it delays i
 It depends on N: more ranks average more noise away, so the same per-rank reading is more
 signal at 8 ranks than at 2.  There is no hysteresis: the window mean is already smoothed
 over ``window`` steps, and a hold that was not needed costs one probe interval at theta_min.
+
+The coherence also judges a CF above theta_min by what it does to the gradient.  Above the
+threshold it was held; below it, at theta_min, the averaged gradient was mostly noise.  If,
+while a higher CF is sent, the mean coherence of the steps since it was sent reaches the
+threshold, the gradient turned mostly signal under that CF: the model did not move along
+what the CF held back, so consecutive gradients keep pointing the same way.  That is the
+harm the gain cannot see (what error feedback delivers late still counts as delivered), so
+the CF fails as a trial that failed epsilon does, and theta_min is held until the backlog is
+delivered.  The check comes at the step after the interval's mean first reaches the
+threshold, once it has ``probe_steps`` readings, rather than at the end of a window.  A
+failed CF, and every rung above it, is not sent again for ``remeasure_windows`` windows of
+steps, doubled after each further failure, so a hold that ends does not climb straight back
+to it.
 """
 from __future__ import annotations
 
@@ -104,7 +117,9 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
     predicted at the last check, s), ``kept`` (the CFs that passed a check and have not failed
     since: judged against ``keep_epsilon`` rather than epsilon), ``coherence`` and
     ``signal_share`` (the last window's mean coherence and the rank-averaged gradient's signal
-    share from it, at the last check), ``hold_threshold`` and ``holding``."""
+    share from it, at the last check), ``interval_coherence`` (the mean over the steps of the
+    interval the last check judged), ``hold_threshold`` and ``holding``.  A check's ``history``
+    entry says ``delayed_signal`` when the CF it judged failed on the coherence."""
 
     needs_accumulation = True
     tracks_delivery = True
@@ -119,6 +134,9 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self.signal_share: Optional[float] = None   # of the rank-averaged gradient, from that mean
         self.holding = self.needs_coherence      # held at theta_min by the coherence
         self._coherence_steps: deque = deque(maxlen=self.window)   # per step (None: not measured)
+        self._interval_coherence: List[Optional[float]] = []   # per step since the last check
+        self.interval_coherence: Optional[float] = None   # their mean, at the last check
+        self._signal_seen = False   # their mean reached the threshold: the check was brought forward
         self.probe_steps = max(1, self.window // 4)
         self.rungs: List[float] = self.policy.ladder(self.theta_min0, self.theta_max)
         self.decision = Decision(self.theta_min0, self.theta_min0, self.theta_min0)
@@ -130,7 +148,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._next_check = self.probe_steps
         self._interval_start = 0
         self._checks = 0
-        self._retry_at: Dict[float, int] = {}   # CF -> first check it may be sent again
+        self._retry_at: Dict[float, int] = {}   # CF -> first step it may be sent again
         self._failures: Dict[float, int] = {}   # CF -> failed checks since it last passed
         self._interval: List[Tuple[float, float]] = []   # (step time, comm time) since the last check
         self.comm_model = None          # the optimizer's exchange.CommModel (set_comm_model)
@@ -169,7 +187,22 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
             self._interval.append((obs.step_time, min(max(obs.comm_time, 0.0), obs.step_time)))
         if obs.finite:
             self._coherence_steps.append(obs.coherence)
-        return super().observe(obs)
+            self._interval_coherence.append(obs.coherence)
+        decision = super().observe(obs)
+        if self.step < self._next_check - 1 and self._delaying_signal(self._interval_coherence):
+            self._next_check = self.step + 1   # judge the CF now, not at the window's end (module doc)
+            self._signal_seen = True           # ... as delaying, whatever the next reading adds
+        return decision
+
+    def _delaying_signal(self, readings: List[Optional[float]]) -> bool:
+        """Whether the CF sent over an interval with these coherence readings turned the
+        averaged gradient mostly signal: a CF above theta_min, at least ``probe_steps``
+        readings, and their mean at least ``hold_threshold`` (module doc)."""
+        sent = self.decision.send_cf
+        if not self.needs_coherence or sent == DENSE or sent <= self.theta_min0 * (1 + 1e-9):
+            return False
+        values = [c for c in readings if c is not None]
+        return len(values) >= self.probe_steps and sum(values) / len(values) >= self.hold_threshold
 
     @property
     def kept(self) -> set:
@@ -256,7 +289,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         return dense * (1 + self.omega) < min(times)
 
     def _blocked(self, cf: float) -> bool:
-        return self._checks < self._retry_at.get(cf, 0)
+        return self.step < self._retry_at.get(cf, 0)
 
     def _choose(self, sent: float, gain: float) -> float:
         """The lowest rung within omega of the fastest predicted step among the rungs predicted
@@ -283,7 +316,8 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
     def _failed(self, cf: float) -> None:
         n = self._failures.get(cf, 0) + 1
         self._failures[cf] = n
-        self._retry_at[cf] = self._checks + 1 + self.remeasure_windows * min(2 ** (n - 1), self.RETRY_BACKOFF_MAX)
+        self._retry_at[cf] = self.step + 1 + self.window * self.remeasure_windows * min(2 ** (n - 1),
+                                                                                      self.RETRY_BACKOFF_MAX)
 
     def judged_gain(self, gain: float, steps: int) -> float:
         """``gain`` measured over an interval of ``steps`` steps, read as over a full window:
@@ -302,6 +336,10 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._measure(sent)
         self.throughput.close_window({sent: gain} if gain is not None else {})
         signal_rich = self._signal_rich()
+        readings, self._interval_coherence = self._interval_coherence, []
+        self.interval_coherence = mean_coherence(readings)
+        delayed = gain is not None and (self._signal_seen or self._delaying_signal(readings))
+        self._signal_seen = False
         threshold = self.keep_epsilon if sent in self.kept else self.epsilon
         move, send, by_cost = "stay", sent, False
         if gain is None:   # a non-finite step ended the interval: the same CF again
@@ -315,15 +353,18 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
                     by_cost = True
             elif not self._blocked(self.theta_min0):
                 send, move = self.theta_min0, "retry"
-        elif gain < threshold:
+        elif gain < threshold and not delayed:
             self.delivered_gain[sent] = gain
             self._failed(sent)
             below = [cf for cf in self.rungs if cf < sent and not self._blocked(cf)]
             send, move = (below[-1], "down") if below else (DENSE, "dense")
         else:
             self.delivered_gain[sent] = gain
-            self._failures.pop(sent, None)
-            if signal_rich:
+            if delayed:   # the CF turned the gradient mostly signal: it fails, theta_min holds
+                self._failed(sent)
+            else:
+                self._failures.pop(sent, None)
+            if signal_rich or delayed:
                 send, move = self.theta_min0, "hold"
             else:
                 send = self._choose(sent, gain)
@@ -342,7 +383,8 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._record_check(sent, self.gain_min, self.gain_candidate, move=move, window_gain=measured,
                            judged_gain=gain, interval_steps=steps,
                            compute_time=self.compute_time, predicted_step=dict(self.predicted_step),
-                           coherence=self.coherence, signal_share=self.signal_share, threshold=threshold)
+                           coherence=self.coherence, signal_share=self.signal_share, threshold=threshold,
+                           interval_coherence=self.interval_coherence, delayed_signal=delayed)
 
     # -- checkpointing ----------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -350,7 +392,8 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         state.update({"delivered_gain": dict(self.delivered_gain), "comm_time": dict(self.comm_time),
                       "compute_time": self.compute_time, "predicted_step": dict(self.predicted_step),
                       "next_check": self._next_check, "interval_start": self._interval_start, "checks": self._checks,
-                      "retry_at": dict(self._retry_at), "failures": dict(self._failures),
+                      "retry_at_step": dict(self._retry_at), "failures": dict(self._failures),
+                      "interval_coherence": list(self._interval_coherence), "signal_seen": self._signal_seen,
                       "interval": list(self._interval), "coherence": self.coherence,
                       "signal_share": self.signal_share,
                       "holding": self.holding, "coherence_steps": list(self._coherence_steps),
@@ -366,7 +409,13 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self.predicted_step = {float(k): v for k, v in state["predicted_step"].items()}
         self._next_check, self._checks = int(state["next_check"]), int(state["checks"])
         self._interval_start = int(state["interval_start"])
-        self._retry_at = {float(k): int(v) for k, v in state["retry_at"].items()}
+        if "retry_at_step" in state:
+            self._retry_at = {float(k): int(v) for k, v in state["retry_at_step"].items()}
+        else:   # a checkpoint that counted the wait in checks: about a window each
+            self._retry_at = {float(k): self.step + (int(v) - self._checks) * self.window
+                              for k, v in state["retry_at"].items()}
+        self._interval_coherence = list(state.get("interval_coherence", []))
+        self._signal_seen = bool(state.get("signal_seen", False))
         self._failures = {float(k): int(v) for k, v in state["failures"].items()}
         self._interval = [tuple(x) for x in state["interval"]]
         self.coherence = state.get("coherence")

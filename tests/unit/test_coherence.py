@@ -118,6 +118,54 @@ def test_the_hold_brings_a_climbed_cf_back_to_theta_min_and_lets_go_when_the_noi
     assert ctrl.coherence == pytest.approx(0.3)
 
 
+def test_a_cf_that_turns_the_gradient_mostly_signal_fails_at_once_and_is_not_climbed_back_to():
+    ctrl = _gravac(theta_max=160)
+    _observe(ctrl, 50, coherence_value=0.05)   # climbs at step 25, passes its trial at step 50
+    high = ctrl.decision.send_cf
+    assert high == 160.0 and ctrl.history[-1]["move"] == "stay" and ctrl.history[-1]["step"] == 50
+    sent = _observe(ctrl, 30, coherence_value=0.6)
+    # judged after a probe interval of readings (step 76), not at the window's end (step 150)
+    check = ctrl.history[-1]
+    assert check["step"] == 76 and check["evaluated_cf"] == high and check["delayed_signal"]
+    assert check["move"] == "hold" and check["interval_coherence"] == pytest.approx(0.6)
+    assert sent[:26] == [high] * 26 and set(sent[26:]) == {10.0} and high in ctrl._failures
+    sent = _observe(ctrl, 300, coherence_value=0.05)   # the noise returns: released, but below the failed CF
+    assert not ctrl.holding and 10.0 < max(sent) < high
+    assert not any(h["delayed_signal"] for h in ctrl.history if h["step"] > 76)
+
+
+def test_a_cf_that_leaves_the_gradient_noise_and_theta_min_itself_are_never_failed_for_it():
+    ctrl = _gravac(theta_max=160)
+    _observe(ctrl, 150, coherence_value=0.3)   # under 1/3: kept, checked a window apart
+    assert [h["step"] for h in ctrl.history] == [25, 50, 150] and not ctrl._failures
+    assert not any(h["delayed_signal"] for h in ctrl.history)
+    held = _gravac()
+    _observe(held, 100, coherence_value=0.9)   # theta_min held: a hold, not a failure
+    assert {h["move"] for h in held.history} == {"hold"} and not held._failures
+
+
+def test_a_delayed_signal_check_survives_a_checkpoint():
+    ctrl = _gravac()
+    _observe(ctrl, 60, coherence_value=0.05)
+    _observe(ctrl, 10, coherence_value=0.9)   # 10 of the interval's 20 readings
+    copy = _gravac()
+    copy.load_state_dict(ctrl.state_dict())
+    a, b = _observe(ctrl, 60, coherence_value=0.9), _observe(copy, 60, coherence_value=0.9)
+    assert a == b and ctrl.history[-1] == copy.history[-1] and ctrl._retry_at == copy._retry_at
+    assert any(h["delayed_signal"] for h in ctrl.history)
+
+
+def test_a_checkpoint_that_counted_the_retry_wait_in_checks():
+    ctrl = _gravac()
+    _observe(ctrl, 60, coherence_value=0.05)
+    state = ctrl.state_dict()
+    state["retry_at"] = {40.0: state["checks"] + 2}
+    del state["retry_at_step"], state["interval_coherence"]
+    copy = _gravac()
+    copy.load_state_dict(state)
+    assert copy._retry_at == {40.0: ctrl.step + 2 * ctrl.window} and copy._interval_coherence == []
+
+
 def test_the_threshold_follows_the_world_size():
     """The same per-rank reading is mostly noise at 2 ranks and mostly signal at 8, where the
     averaged gradient keeps an eighth of one rank's noise."""
