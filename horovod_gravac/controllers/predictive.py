@@ -65,7 +65,7 @@ over ``window`` steps, and a hold that was not needed costs one probe interval a
 
 The coherence also judges a CF above theta_min by what it does to the gradient.  Above the
 threshold it was held; below it, at theta_min, the averaged gradient was mostly noise.  If,
-while a higher CF is sent, the mean coherence of the steps since it was sent reaches the
+while a higher CF is sent, the mean coherence of the steps since the last check reaches the
 threshold, the gradient turned mostly signal under that CF: the model did not move along
 what the CF held back, so consecutive gradients keep pointing the same way.  That is the
 harm the gain cannot see (what error feedback delivers late still counts as delivered), so
