@@ -202,7 +202,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         if not self.needs_coherence or sent == DENSE or sent <= self.theta_min0 * (1 + 1e-9):
             return False
         values = [c for c in readings if c is not None]
-        return len(values) >= self.probe_steps and sum(values) / len(values) >= self.hold_threshold
+        return len(values) >= self.probe_steps and mean_coherence(values) >= self.hold_threshold
 
     @property
     def kept(self) -> set:
