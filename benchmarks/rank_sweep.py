@@ -44,8 +44,9 @@ import sys
 import time
 from typing import List, Optional
 
+from benchmarks.interleave import cell, launch_json, train_interleaved
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 DEFAULT_OUT = os.path.join(HERE, "results", "rank_sweep")
 PATHS = ("dense", "allgather10", "allgather100", "sparse10", "sparse100", "auto10", "auto100")
 RANKS = (2, 4, 8, 16)
@@ -103,25 +104,19 @@ def worker(args) -> int:
     g = torch.Generator().manual_seed(hvd.rank())
     x = torch.randn(BATCH, 1, 64, generator=g)
     y = torch.randint(0, 10, (BATCH,), generator=g)
-    loss_fn = torch.nn.functional.cross_entropy
-    for block in range(args.blocks + 1):          # block 0 warms up and is not counted
-        for path in paths:
-            run = runs[path]
-            model, opt = run["model"], run["opt"]
-            before = _tx_bytes()
-            for _ in range(BLOCK):
-                t = time.perf_counter()
-                opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                opt.step()
-                if block:
-                    run["times"].append(time.perf_counter() - t)
-                    if path != "dense":
-                        run["stats"].append(dict(opt.stats))
-            after = _tx_bytes()
-            if block and before is not None and after is not None:
-                run["tx"] += after - before
-                run["tx_steps"] += BLOCK
+
+    def count_link_bytes(run, counted):
+        # called before and after each block: the link's bytes over the block
+        now = _tx_bytes()
+        if "tx_mark" not in run:
+            run["tx_mark"] = now
+            return
+        before = run.pop("tx_mark")
+        if counted and before is not None and now is not None:
+            run["tx"] += now - before
+            run["tx_steps"] += BLOCK
+
+    train_interleaved(runs, x, y, args.blocks, BLOCK, plain=("dense",), around_block=count_link_bytes)
     out = {"rank": hvd.rank(), "size": hvd.size(), "numel": numel, "paths": {}}
     for path in paths:
         run = runs[path]
@@ -150,21 +145,10 @@ def worker(args) -> int:
 
 # ----------------------------------------------------------------------------- driver
 def _launch(np_: int, paths: List[str], rate: Optional[str], blocks: int, timeout: float) -> List[dict]:
-    from benchmarks.netem import run_ranks
-    cmd = [sys.executable, "-m", "benchmarks.rank_sweep", "--worker", "--paths", ",".join(paths),
-           "--blocks", str(blocks)] + (["--rate", rate] if rate else [])
-    env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    results = run_ranks(cmd, np=np_, rate=rate, timeout=timeout, env=env)
-    ranks = []
-    for res in results:
-        for line in res.stdout.splitlines():
-            if line.startswith("RANK_SWEEP "):
-                data = json.loads(line[len("RANK_SWEEP "):])
-                data["mode"] = res.mode
-                ranks.append(data)
+    ranks = launch_json(["benchmarks.rank_sweep", "--worker", "--paths", ",".join(paths), "--blocks", str(blocks)]
+                        + (["--rate", rate] if rate else []), "RANK_SWEEP", np_, rate, timeout)
     if len(ranks) != np_:
-        raise RuntimeError(f"{len(ranks)} of {np_} ranks reported:\n" + results[0].stdout[-2000:]
-                           + results[0].stderr[-2000:])
+        raise RuntimeError(f"{len(ranks)} of {np_} ranks reported")
     return sorted(ranks, key=lambda d: d["rank"])
 
 
@@ -216,14 +200,6 @@ def read_rows(path: str) -> List[dict]:
                  for k, v in r.items()} for r in csv.DictReader(f)]
 
 
-def _fmt(v, digits=1):
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
 def write(rows: List[dict], out: str, command: str, blocks: int) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results.csv"), "w", newline="") as f:
@@ -245,10 +221,10 @@ def write(rows: List[dict], out: str, command: str, blocks: int) -> None:
               "| bound kB | kept share |", "|" + "---|" * 11]
     for r in rows:
         lines.append("| " + " | ".join([
-            str(r["ranks"]), r["path"], r["transfers"], _fmt(r["step_ms"]), _fmt(r["vs_dense"], 2), _fmt(r["comm_ms"]),
-            _fmt(r["floor_ms"]), _fmt(r["wire_kb"], 0),
-            f"{_fmt(r['link_kb_median'], 0)} / {_fmt(r['link_kb_max'], 0)}", _fmt(r["oktopk_bound_kb"], 0),
-            _fmt(r["kept_share"], 2)]) + " |")
+            str(r["ranks"]), r["path"], r["transfers"], cell(r["step_ms"]), cell(r["vs_dense"], 2), cell(r["comm_ms"]),
+            cell(r["floor_ms"]), cell(r["wire_kb"], 0),
+            f"{cell(r['link_kb_median'], 0)} / {cell(r['link_kb_max'], 0)}", cell(r["oktopk_bound_kb"], 0),
+            cell(r["kept_share"], 2)]) + " |")
     lines.append("")
     sizes = sorted({r["ranks"] for r in rows})
     by = {(r["ranks"], r["path"]): r for r in rows}

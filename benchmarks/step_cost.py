@@ -114,6 +114,8 @@ from typing import List, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.interleave import cell, launch_json, train_interleaved
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MODES = ("launches", "compressors", "ddp", "network")
@@ -651,20 +653,7 @@ def network_worker(args) -> int:
     g = torch.Generator().manual_seed(hvd.rank())
     x = torch.randn((32,) + shape, generator=g)
     y = torch.randint(0, 10, (32,), generator=g)
-    loss_fn = torch.nn.functional.cross_entropy
-    for block in range(args.blocks + 1):          # block 0 warms up and is not counted
-        for path in paths:
-            run = runs[path]
-            model, opt = run["model"], run["opt"]
-            for _ in range(BLOCK):
-                t = time.perf_counter()
-                opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                opt.step()
-                if block:
-                    run["times"].append(time.perf_counter() - t)
-                    if path != "hvd":
-                        run["stats"].append(dict(opt.stats))
+    train_interleaved(runs, x, y, args.blocks, BLOCK, plain=("hvd",))
     out = {"model": model_name, "rank": hvd.rank(), "size": hvd.size(), "paths": {}}
     for path in paths:
         run = runs[path]
@@ -701,18 +690,9 @@ def wire_bytes(entry: dict, size: int) -> float:
 
 def _launch(model: str, paths: List[str], rate: Optional[str], blocks: int, bare: int, np_: int,
             timeout: float, localhost: bool = False) -> dict:
-    from benchmarks.netem import run_ranks
-    cmd = [sys.executable, "-m", "benchmarks.step_cost", "network", "--worker", "--model", model,
-           "--paths", ",".join(paths), "--blocks", str(blocks), "--bare", str(bare)]
-    env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    results = run_ranks(cmd, np=np_, rate=rate, timeout=timeout, env=env, force_localhost=localhost)
-    for res in results:
-        for line in res.stdout.splitlines():
-            if line.startswith("STEP_TIME "):
-                data = json.loads(line[len("STEP_TIME "):])
-                data["mode"] = res.mode
-                return data
-    raise RuntimeError("no STEP_TIME line from rank 0:\n" + results[0].stdout[-2000:] + results[0].stderr[-2000:])
+    return launch_json(["benchmarks.step_cost", "network", "--worker", "--model", model, "--paths", ",".join(paths),
+                        "--blocks", str(blocks), "--bare", str(bare)], "STEP_TIME", np_, rate, timeout,
+                       force_localhost=localhost)[0]
 
 
 def _rate_bps(rate: str) -> float:
@@ -749,14 +729,6 @@ FIELDS = ("model", "rate", "path", "transfers", "buckets", "cf", "bytes_per_rank
           "wire_ms", "bare_ms", "vs_wire_floor", "vs_bare_floor", "hidden", "mode")
 
 
-def _fmt(v, digits=1):
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
 def write_network(rows: List[dict], out: str, command: str, np_: int = 2) -> None:
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out + ".csv", "w", newline="") as f:
@@ -775,9 +747,9 @@ def write_network(rows: List[dict], out: str, command: str, np_: int = 2) -> Non
                   "| step / wire floor | step / bare floor | hidden |", "|" + "---|" * 12]
         for r in part:
             lines.append("| " + " | ".join([
-                r["path"], r["transfers"], _fmt(r["buckets"]), _fmt(r["cf"], 0), _fmt(r["bytes_per_rank"] / 1e6, 3),
-                _fmt(r["step_ms"]), _fmt(r["compute_ms"]), _fmt(r["wire_ms"]), _fmt(r["bare_ms"]),
-                _fmt(r["vs_wire_floor"], 2), _fmt(r["vs_bare_floor"], 2), _fmt(r["hidden"], 2)]) + " |")
+                r["path"], r["transfers"], cell(r["buckets"]), cell(r["cf"], 0), cell(r["bytes_per_rank"] / 1e6, 3),
+                cell(r["step_ms"]), cell(r["compute_ms"]), cell(r["wire_ms"]), cell(r["bare_ms"]),
+                cell(r["vs_wire_floor"], 2), cell(r["vs_bare_floor"], 2), cell(r["hidden"], 2)]) + " |")
         lines.append("")
     with open(out + ".md", "w") as f:
         f.write("\n".join(lines))
