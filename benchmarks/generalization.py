@@ -267,9 +267,11 @@ def goals(draws: List[dict], judged: str = DEFAULT) -> List[dict]:
                 "measured": f"{wins} of {len(vs_acc)}", "pass": bool(vs_acc) and wins >= 0.75 * len(vs_acc)})
     light = [d for d in draws if d["comm_share"] is not None and d["comm_share"] < 0.2
              and judged in d["rows"] and d["rows"][judged]["timed"]]
-    over = [(d["seed"], ratio(d["rows"][judged]["tta_s"], d["rows"].get("topk10", {}).get("tta_s")))
-            for d in light]
-    bad = [s for s, v in over if v is None or v > 1.05]
+    bad = []   # both never reaching the target: a tie, as against Accordion
+    for d in light:
+        mine, t10 = d["rows"][judged]["tta_s"], d["rows"].get("topk10", {}).get("tta_s")
+        if t10 is not None and (mine is None or mine > 1.05 * t10):
+            bad.append(d["seed"])
     out.append({"goal": "at most 1.05x Top-k 10x where communication is under a fifth of the step",
                 "measured": (f"{len(light)} such draws; over 1.05x on {bad}" if bad else f"{len(light)} such draws, all within"),
                 "pass": not bad})

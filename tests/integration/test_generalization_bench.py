@@ -152,9 +152,14 @@ def test_goals_count_misses_and_ties():
     checks = {c["goal"]: c for c in G.goals(draws)}
     assert not checks["reaches the target on every draw where Top-k 10x does"]["pass"]
     assert not checks["at most 2.5x the best static CF's on every draw"]["pass"]
+    compute_bound = "at most 1.05x Top-k 10x where communication is under a fifth of the step"
     light = [draw(20, 0.1, 1.06, 1.0, 1.0)]
-    assert not {c["goal"]: c for c in G.goals(light)}[
-        "at most 1.05x Top-k 10x where communication is under a fifth of the step"]["pass"]
+    assert not {c["goal"]: c for c in G.goals(light)}[compute_bound]["pass"]
+    assert not {c["goal"]: c for c in G.goals([draw(21, 0.1, None, 1.0, 1.0)])}[compute_bound]["pass"]
+    # neither Top-k 10x nor the default reaches: a tie; the default alone reaching: a pass
+    assert {c["goal"]: c for c in G.goals([draw(22, 0.1, None, None, None, t10=None),
+                                           draw(23, 0.1, 3.0, None, None, t10=None),
+                                           draw(24, 0.1, 1.04, 1.0, 1.0)])}[compute_bound]["pass"]
 
 
 @pytest.mark.parallel
