@@ -232,6 +232,14 @@ def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a is not None and b else None
 
 
+def ratio_or_tie(mine: Optional[float], other: Optional[float]) -> float:
+    """``mine / other`` of two TTAs, where never reaching the target counts: both never is a
+    tie (1), only ``other`` never is 0, only ``mine`` never is infinite."""
+    if mine is None:
+        return 1.0 if other is None else math.inf
+    return 0.0 if other is None else mine / other
+
+
 def goals(draws: List[dict], judged: str = DEFAULT) -> List[dict]:
     """The issue's goals for ``judged`` over the analysed draws (module docstring of README's
     "Which controller when")."""
@@ -253,12 +261,7 @@ def goals(draws: List[dict], judged: str = DEFAULT) -> List[dict]:
     worst = max(finite) if finite else None
     out.append({"goal": "at most 2.5x the best static CF's on every draw",
                 "measured": f"worst {A.fmt(worst)}x", "pass": worst is not None and worst <= 2.5})
-    vs_acc = []   # both never reaching the target: a tie
-    for d in comm:
-        acc = d["rows"].get("accordion", {}).get("tta_s")
-        mine = d["rows"][judged]["tta_s"]
-        vs_acc.append(1.0 if acc is None and mine is None else 0.0 if acc is None
-                      else math.inf if mine is None else mine / acc)
+    vs_acc = [ratio_or_tie(d["rows"][judged]["tta_s"], d["rows"].get("accordion", {}).get("tta_s")) for d in comm]
     med_acc = statistics.median(vs_acc) if vs_acc else None
     wins = sum(v <= 1.0 for v in vs_acc)
     out.append({"goal": "no slower than Accordion on the median",
@@ -267,11 +270,8 @@ def goals(draws: List[dict], judged: str = DEFAULT) -> List[dict]:
                 "measured": f"{wins} of {len(vs_acc)}", "pass": bool(vs_acc) and wins >= 0.75 * len(vs_acc)})
     light = [d for d in draws if d["comm_share"] is not None and d["comm_share"] < 0.2
              and judged in d["rows"] and d["rows"][judged]["timed"]]
-    bad = []   # both never reaching the target: a tie, as against Accordion
-    for d in light:
-        mine, t10 = d["rows"][judged]["tta_s"], d["rows"].get("topk10", {}).get("tta_s")
-        if t10 is not None and (mine is None or mine > 1.05 * t10):
-            bad.append(d["seed"])
+    bad = [d["seed"] for d in light
+           if ratio_or_tie(d["rows"][judged]["tta_s"], d["rows"].get("topk10", {}).get("tta_s")) > 1.05]
     out.append({"goal": "at most 1.05x Top-k 10x where communication is under a fifth of the step",
                 "measured": (f"{len(light)} such draws; over 1.05x on {bad}" if bad else f"{len(light)} such draws, all within"),
                 "pass": not bad})

@@ -44,10 +44,10 @@ def train_interleaved(runs: Dict[str, dict], x, y, blocks: int, block_steps: int
 
 
 def launch_json(module_args: List[str], tag: str, np_: int, rate: Optional[str], timeout: float,
-                **run_ranks_kwargs) -> List[dict]:
+                expect: int = 1, **run_ranks_kwargs) -> List[dict]:
     """Run ``python -m <module_args>`` on ``np_`` ranks (``benchmarks.netem.run_ranks``, one
     thread each) and return every ``<tag> {json}`` line the ranks printed, each with the
-    launch's ``mode``."""
+    launch's ``mode``; fewer than ``expect`` lines is an error that shows rank 0's output."""
     from benchmarks.netem import run_ranks
     env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
     results = run_ranks([sys.executable, "-m"] + module_args, np=np_, rate=rate, timeout=timeout, env=env,
@@ -59,8 +59,9 @@ def launch_json(module_args: List[str], tag: str, np_: int, rate: Optional[str],
                 data = json.loads(line[len(tag) + 1:])
                 data["mode"] = res.mode
                 found.append(data)
-    if not found:
-        raise RuntimeError(f"no {tag} line from the ranks:\n" + results[0].stdout[-2000:] + results[0].stderr[-2000:])
+    if len(found) < expect:
+        raise RuntimeError(f"{len(found)} {tag} lines of {expect} from the ranks:\n" + results[0].stdout[-2000:]
+                           + results[0].stderr[-2000:])
     return found
 
 

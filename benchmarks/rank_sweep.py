@@ -146,9 +146,7 @@ def worker(args) -> int:
 # ----------------------------------------------------------------------------- driver
 def _launch(np_: int, paths: List[str], rate: Optional[str], blocks: int, timeout: float) -> List[dict]:
     ranks = launch_json(["benchmarks.rank_sweep", "--worker", "--paths", ",".join(paths), "--blocks", str(blocks)]
-                        + (["--rate", rate] if rate else []), "RANK_SWEEP", np_, rate, timeout)
-    if len(ranks) != np_:
-        raise RuntimeError(f"{len(ranks)} of {np_} ranks reported")
+                        + (["--rate", rate] if rate else []), "RANK_SWEEP", np_, rate, timeout, expect=np_)
     return sorted(ranks, key=lambda d: d["rank"])
 
 
