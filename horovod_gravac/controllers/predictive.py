@@ -63,6 +63,16 @@ It depends on N: more ranks average more noise away, so the same per-rank readin
 signal at 8 ranks than at 2.  There is no hysteresis: the window mean is already smoothed
 over ``window`` steps, and a hold that was not needed costs one probe interval at theta_min.
 
+What the hold guards against is delay, and a CF that sends all a window owes delays nothing:
+a sparse gradient (an embedding table's rows, a hashed feature model) can have fewer nonzero
+coordinates than a CF keeps.  So a hold sends the CF its rule would choose when the interval
+just judged was lossless (window gain 1, ``LOSSLESS_GAIN``), limited to the rungs below the
+lowest one measured lossy, and checks it after a probe interval as any trial; when the
+interval was lossy it sends the highest rung below it measured lossless, or theta_min.  A CF
+fails on the coherence only when it was lossy and sent while not holding: what a hold sends
+meets a gradient that was already mostly signal, so its readings say nothing about the CF.  On a dense gradient no CF is lossless and the hold is
+theta_min's, as above.
+
 The coherence also judges a CF above theta_min by what it does to the gradient.  Above the
 threshold it was held; below it, at theta_min, the averaged gradient was mostly noise.  If,
 while a higher CF is sent, the mean coherence of the steps since the last check reaches the
@@ -87,6 +97,11 @@ from ..coherence import hold_coherence, mean_coherence, signal_share
 from .base import DENSE, Decision, StepObservation
 from .delivered import window_gain
 from .gravac import GraVAC
+
+
+#: A window gain at least this is lossless: the CF sent all the window owed (every nonzero
+#: coordinate of a sparse gradient), up to float64 rounding of the gain's sums.
+LOSSLESS_GAIN = 1.0 - 1e-9
 
 
 def fit_comm_model(measured: Dict[float, float]) -> Tuple[float, float]:
@@ -196,11 +211,11 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
 
     def _delaying_signal(self, readings: List[Optional[float]]) -> bool:
         """Whether the CF sent over an interval with these coherence readings turned the
-        averaged gradient mostly signal: a CF above theta_min, at least ``probe_steps``
-        readings, and their mean at least ``hold_threshold`` (module doc)."""
+        averaged gradient mostly signal: a CF above theta_min sent while not holding, at least
+        ``probe_steps`` readings, and their mean at least ``hold_threshold`` (module doc)."""
         sent = self.decision.send_cf
-        if not self.needs_coherence or sent == DENSE or sent <= self.theta_min0 * (1 + 1e-9):
-            return False
+        if not self.needs_coherence or sent == DENSE or sent <= self.theta_min0 * (1 + 1e-9) or self.holding:
+            return False   # (a hold sent it while the gradient was already mostly signal)
         values = [c for c in readings if c is not None]
         return len(values) >= self.probe_steps and mean_coherence(values) >= self.hold_threshold
 
@@ -291,15 +306,27 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
     def _blocked(self, cf: float) -> bool:
         return self.step < self._retry_at.get(cf, 0)
 
-    def _choose(self, sent: float, gain: float) -> float:
+    def _hold_choice(self, sent: float, gain: float, lossless: bool) -> float:
+        """What a hold sends: a CF that delivers everything it owes delays nothing, so it may be
+        sent however much of the gradient is signal.  After a lossless interval, the choice
+        among the rungs below the lowest one measured lossy; after a lossy one, the highest
+        rung below it measured lossless; theta_min when there is none (module doc)."""
+        if lossless:
+            lossy = [cf for cf, g in self.delivered_gain.items() if cf != DENSE and g < LOSSLESS_GAIN]
+            return self._choose(sent, gain, below=min(lossy, default=math.inf))
+        safe = [cf for cf in self.rungs
+                if cf < sent and self.delivered_gain.get(cf, 0.0) >= LOSSLESS_GAIN and not self._blocked(cf)]
+        return max(safe, default=self.theta_min0)
+
+    def _choose(self, sent: float, gain: float, below: float = math.inf) -> float:
         """The lowest rung within omega of the fastest predicted step among the rungs predicted
         to pass epsilon, at most ``max_jump`` above ``sent``, below any rung waiting after a
-        failure."""
+        failure (and below ``below``)."""
         loss = max(1.0 - gain, 0.0)
         admissible = []
         for cf in self.rungs:
             if cf > sent * (1 + 1e-9):
-                if self._blocked(cf) or cf > sent * self.MAX_JUMP * (1 + 1e-9) \
+                if self._blocked(cf) or cf > sent * self.MAX_JUMP * (1 + 1e-9) or cf >= below \
                         or 1.0 - loss * cf / sent < self.epsilon:
                     break
             admissible.append(cf)
@@ -335,11 +362,13 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
             gain = self.judged_gain(gain, steps)
         self._measure(sent)
         self.throughput.close_window({sent: gain} if gain is not None else {})
-        signal_rich = self._signal_rich()
         readings, self._interval_coherence = self._interval_coherence, []
         self.interval_coherence = mean_coherence(readings)
-        delayed = gain is not None and (self._signal_seen or self._delaying_signal(readings))
+        # a CF that delivered all it owed delayed nothing, so it delayed no signal (module doc)
+        lossless = gain is not None and gain >= LOSSLESS_GAIN
+        delayed = gain is not None and not lossless and (self._signal_seen or self._delaying_signal(readings))
         self._signal_seen = False
+        signal_rich = self._signal_rich()   # after _delaying_signal, which reads the last check's hold
         threshold = self.keep_epsilon if sent in self.kept else self.epsilon
         move, send, by_cost = "stay", sent, False
         if gain is None:   # a non-finite step ended the interval: the same CF again
@@ -364,18 +393,22 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
                 self._failed(sent)
             else:
                 self._failures.pop(sent, None)
-            if signal_rich or delayed:
-                send, move = self.theta_min0, "hold"
+            if delayed:
+                send = self.theta_min0
+            elif signal_rich:
+                send = self._hold_choice(sent, gain, lossless)
             else:
                 send = self._choose(sent, gain)
-                move = "up" if send > sent else "down" if send < sent else "stay"
+            move = "hold" if (delayed or signal_rich) and send == self.theta_min0 \
+                else "up" if send > sent else "down" if send < sent else "stay"
             if self._dense_faster([send]):
                 self._dense_instead_of, self._dense_until = send, self._checks + self.remeasure_windows
                 send, by_cost = DENSE, True
                 move = "hold" if move == "hold" else "dense"
         self.dense_by_cost = by_cost
-        # dense chosen for its cost needs no trial (its gain is 1): its next check is a window away
-        settled = move == "stay" or (by_cost and move != "hold")
+        # dense chosen for its cost needs no trial (its gain is 1): its next check is a window
+        # away; a hold is checked again after a probe interval, whatever it sends
+        settled = (move == "stay" and not self.holding) or (by_cost and move != "hold")
         self._next_check = self.step + (self.window if settled else self.probe_steps)
         self.theta_min = self.candidate_cf = send if send != DENSE else self.theta_min0
         self.decision = Decision(send, send, send) if send != DENSE else Decision(DENSE, self.theta_min0,

@@ -144,6 +144,45 @@ def test_a_cf_that_leaves_the_gradient_noise_and_theta_min_itself_are_never_fail
     assert {h["move"] for h in held.history} == {"hold"} and not held._failures
 
 
+def test_a_hold_climbs_through_lossless_cfs_and_comes_back_below_the_first_lossy_one():
+    """A sparse gradient whose nonzeros fit in what a CF sends loses nothing at it (window
+    gain 1): the hold lets such a CF be sent, and returns below the first CF that is lossy,
+    without failing it, since the gradient was mostly signal before it was sent."""
+    ctrl = _gravac()
+    sent = _observe(ctrl, 25, coherence_value=0.6, gain=1.0)
+    assert set(sent) == {10.0} and ctrl.holding and ctrl.history[-1]["move"] == "up"
+    high = ctrl.decision.send_cf
+    assert high == 160.0   # the predictive rule's first move, as without a hold
+    sent = _observe(ctrl, 25, coherence_value=0.6, gain=1.0)
+    assert set(sent) == {high} and ctrl.holding and ctrl.decision.send_cf > high
+    top = ctrl.decision.send_cf
+    assert not any(h["delayed_signal"] for h in ctrl.history)
+    _observe(ctrl, 25, coherence_value=0.6, gain=0.99)   # lossy at `top`: back to the highest lossless
+    check = ctrl.history[-1]
+    assert check["evaluated_cf"] == top and not check["delayed_signal"] and check["move"] == "down"
+    assert ctrl.decision.send_cf == high and top not in ctrl._failures
+    sent = _observe(ctrl, 100, coherence_value=0.6, gain=1.0)   # lossless again: never back up to `top`
+    assert max(sent) < top and all(h["step"] - ctrl.history[i - 1]["step"] <= 25
+                                   for i, h in enumerate(ctrl.history) if i)   # a hold's probe cadence
+    sent = _observe(ctrl, 75, coherence_value=0.05, gain=0.999)   # the noise returns: released
+    assert not ctrl.holding and max(sent) >= top
+
+
+def test_a_lossy_cf_the_hold_did_not_send_still_fails_on_the_coherence_when_lossless_before():
+    ctrl = _gravac(theta_max=160)
+    _observe(ctrl, 50, coherence_value=0.05, gain=1.0)   # not holding: climbs, 160x passes
+    assert ctrl.decision.send_cf == 160.0 and not ctrl.holding
+    _observe(ctrl, 30, coherence_value=0.6, gain=0.99)
+    check = next(h for h in ctrl.history if h["step"] == 76)
+    assert check["delayed_signal"] and check["move"] == "hold" and 160.0 in ctrl._failures
+
+
+def test_a_dense_gradient_never_lossless_keeps_theta_min_held():
+    ctrl = _gravac()
+    sent = _observe(ctrl, 200, coherence_value=0.6, gain=1.0 - 1e-6)
+    assert set(sent) == {10.0} and {h["move"] for h in ctrl.history} == {"hold"}
+
+
 def test_a_delayed_signal_check_survives_a_checkpoint():
     ctrl = _gravac()
     _observe(ctrl, 60, coherence_value=0.05)
