@@ -126,6 +126,11 @@ def test_fixed_runs_are_timed_by_the_timing_runs_and_the_default_by_its_own_step
     assert rows["gravac"]["tta_s"] == pytest.approx(4 * 0.05)                  # its own periods
     assert d["best_static"] == "topk100"
     assert rows["dense"]["tta_s"] == pytest.approx(6 * 1.0)
+    G.report([d], str(tmp_path), ddp=False, seeds=[seed], goals_from=seed)
+    text = (tmp_path / "results.md").read_text()
+    assert f"### The same goals over draws {seed} only" in text and text.count("| goal | measured | result |") == 2
+    G.report([d], str(tmp_path), ddp=False, seeds=[seed], goals_from=seed + 1)   # no later draw: one table
+    assert "### The same goals" not in (tmp_path / "results.md").read_text()
 
 
 @pytest.mark.parametrize("text, seeds", [("1000-1019", list(range(1000, 1020))), ("1001,1003", [1001, 1003]),
