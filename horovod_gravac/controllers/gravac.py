@@ -95,8 +95,10 @@ class GraVAC(Controller):
             cosine of a rank's consecutive gradients, ``coherence.py``), averaged over the
             last window, is at least this, in (0, 1].  None (the default): ``1 / (N + 1)``
             for N ranks, where the rank-averaged gradient is half signal
-            (``coherence.hold_coherence``); 1.0 turns the hold off.  A CF above theta_min
-            under which that mean reaches it fails, as a trial below epsilon does.
+            (``coherence.hold_coherence``); 1.0 turns the hold off.  A hold may send a CF
+            that delivered all it owed (window gain 1).  A lossy CF above theta_min sent
+            while not holding, under which that mean reaches it, fails as a trial below
+            epsilon does.
 
     Every rule set takes every setting (they are one signature and one ``config()``), and
     reads those it names.
