@@ -322,7 +322,8 @@ def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int], goals_f
     title = "DDP hooks" if ddp else "Horovod"
     md = [f"# Generalization benchmark ({title})", "",
           f"Draws {format_seeds(seeds)} of `benchmarks/workloads.py`, 2 ranks on emulated {RATE} links; "
-          f"written by `python -m benchmarks.generalization{' --ddp' if ddp else ''} --seeds {format_seeds(seeds)}` "
+          f"written by `python -m benchmarks.generalization{' --ddp' if ddp else ''} --seeds {format_seeds(seeds)}"
+          f"{f' --goals-from {goals_from}' if goals_from is not None else ''}` "
           f"at commit {commit()}; the draws' `{DEFAULT}` runs at {ran_at(draws, out)}.",
           "TTA: training seconds to within 0.5 pp of dense's final accuracy (language models: 2 % of its "
           "perplexity); '-': never reached.  Comm: the share of a Top-k 10x step spent waiting for "

@@ -129,6 +129,7 @@ def test_fixed_runs_are_timed_by_the_timing_runs_and_the_default_by_its_own_step
     G.report([d], str(tmp_path), ddp=False, seeds=[seed], goals_from=seed)
     text = (tmp_path / "results.md").read_text()
     assert f"### The same goals over draws {seed} only" in text and text.count("| goal | measured | result |") == 2
+    assert f"--seeds {seed} --goals-from {seed}`" in text   # the command that writes it again
     G.report([d], str(tmp_path), ddp=False, seeds=[seed], goals_from=seed + 1)   # no later draw: one table
     assert "### The same goals" not in (tmp_path / "results.md").read_text()
 
