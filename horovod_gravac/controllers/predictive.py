@@ -70,8 +70,8 @@ just judged was lossless (window gain 1, ``LOSSLESS_GAIN``), limited to the rung
 lowest one measured lossy, and checks it after a probe interval as any trial; when the
 interval was lossy it sends the highest rung below it measured lossless, or theta_min.  A CF
 fails on the coherence only when it was lossy and sent while not holding: what a hold sends
-meets a gradient that was already mostly signal, so its readings say nothing about the CF.  On a dense gradient no CF is lossless and the hold is
-theta_min's, as above.
+meets a gradient that was already mostly signal, so its readings say nothing about the CF.
+On a dense gradient no CF is lossless and the hold is theta_min's, as above.
 
 The coherence also judges a CF above theta_min by what it does to the gradient.  Above the
 threshold it was held; below it, at theta_min, the averaged gradient was mostly noise.  If,
