@@ -312,7 +312,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         among the rungs below the lowest one measured lossy; after a lossy one, the highest
         rung below it measured lossless; theta_min when there is none (module doc)."""
         if lossless:
-            lossy = [cf for cf, g in self.delivered_gain.items() if cf != DENSE and g < LOSSLESS_GAIN]
+            lossy = [cf for cf, g in self.delivered_gain.items() if g < LOSSLESS_GAIN]   # (dense is never measured)
             return self._choose(sent, gain, below=min(lossy, default=math.inf))
         safe = [cf for cf in self.rungs
                 if cf < sent and self.delivered_gain.get(cf, 0.0) >= LOSSLESS_GAIN and not self._blocked(cf)]
