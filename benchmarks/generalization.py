@@ -278,6 +278,43 @@ def goals(draws: List[dict], judged: str = DEFAULT) -> List[dict]:
     return out
 
 
+def trial_readings(draws: List[dict], out: str) -> List[float]:
+    """For each trial the default passed and then kept for a full window at the same CF: that
+    window's loss (1 - its window gain) over the trial's judged loss.  A trial is the check a
+    probe interval after a move to a CF (``controllers/predictive.py``); its judged gain reads
+    the interval's loss as a window's, and ``keep_epsilon`` allows for how low that reads."""
+    out_ratios = []
+    for d in draws:
+        run_ = load(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT))
+        if run_ is None:
+            continue
+        window = W.draw(d["seed"]).window
+        history = run_["summary"].get("controller_history") or []
+        for before, trial, after in zip(history, history[1:], history[2:]):
+            cf = trial["evaluated_cf"]
+            judged = trial.get("judged_gain")
+            if before["evaluated_cf"] == cf or trial["move"] != "stay" or trial.get("delayed_signal") \
+                    or judged is None or judged >= 1.0 or trial["interval_steps"] >= window:
+                continue   # not a passed, lossy trial of a CF just moved to
+            if after["evaluated_cf"] == cf and after["interval_steps"] == window \
+                    and after.get("window_gain") is not None and not after.get("delayed_signal"):
+                out_ratios.append((1.0 - after["window_gain"]) / (1.0 - judged))
+    return out_ratios
+
+
+def trials_paragraph(draws: List[dict], out: str) -> List[str]:
+    ratios = sorted(trial_readings(draws, out))
+    if len(ratios) < 4:
+        return []
+    q1, med, q3 = statistics.quantiles(ratios, n=4)
+    return ["## A trial's judged gain against the window after it", "",
+            f"Over the {len(ratios)} trials `{DEFAULT}` passed and then kept for a full window at the "
+            f"same CF, that window's loss (1 - window gain) was a median {med:.2f}x the trial's judged "
+            f"loss (quartiles {q1:.2f}x-{q3:.2f}x): a CF's backlog is still growing when its probe "
+            "interval ends.  A CF that passed is kept down to a gain of epsilon squared, about twice "
+            "the loss a trial may show.", ""]
+
+
 # --------------------------------------------------------------------------- report
 def commit() -> str:
     try:
@@ -347,6 +384,8 @@ def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int], goals_f
     if later:   # the draws a later rule ran, on their own (its commits are in the header)
         md += [f"### The same goals over draws {_ranges([d['seed'] for d in later])} only", "",
                goals_table(later), ""]
+    if not ddp:
+        md += trials_paragraph(draws, out)
     made = plots(draws, out, names)
     md += [f"![{os.path.basename(m)}]({os.path.basename(m)})" for m in made]
     with open(os.path.join(out, "results.md"), "w") as f:

@@ -134,6 +134,27 @@ def test_fixed_runs_are_timed_by_the_timing_runs_and_the_default_by_its_own_step
     assert "### The same goals" not in (tmp_path / "results.md").read_text()
 
 
+def test_trial_readings_pair_a_passed_trial_with_the_full_window_after_it(tmp_path):
+    seed = accuracy_seed()
+    window = W.draw(seed).window
+    probe = max(1, window // 4)
+    def check(cf, move, steps, gain, judged=None, delayed=False):
+        return {"evaluated_cf": cf, "move": move, "interval_steps": steps, "window_gain": gain,
+                "judged_gain": gain if judged is None else judged, "delayed_signal": delayed}
+    history = [check(10.0, "up", probe, 0.98),                    # 10x -> 40x
+               check(40.0, "stay", probe, 0.7, judged=0.95),      # the trial passes: judged loss 0.05
+               check(40.0, "stay", window, 0.9),                  # the window after it: loss 0.1 -> 2x
+               check(40.0, "up", window, 0.92),                   # a kept CF's check is no trial
+               check(80.0, "stay", probe, 0.6, judged=0.9),       # a trial ...
+               check(80.0, "hold", 3, 0.8, delayed=True),         # ... whose next interval failed: left out
+               check(10.0, "stay", probe, 1.0)]
+    runs = tmp_path / "runs" / f"seed{seed}"
+    write_run(runs / "gravac", [10] * 8, [90, 97.6, 98, 98])
+    with open(runs / "gravac" / "summary.json", "w") as f:
+        json.dump({"ranks_identical": True, "controller_history": history}, f)
+    assert G.trial_readings([{"seed": seed}], str(tmp_path)) == [pytest.approx(2.0)]
+
+
 @pytest.mark.parametrize("text, seeds", [("1000-1019", list(range(1000, 1020))), ("1001,1003", [1001, 1003]),
                                          ("0-2,7,9-10", [0, 1, 2, 7, 9, 10]), ("5", [5])])
 def test_the_report_names_the_seeds_that_ran(text, seeds):
