@@ -310,8 +310,8 @@ def trials_paragraph(draws: List[dict], out: str) -> List[str]:
     return ["## A trial's judged gain against the window after it", "",
             f"Over the {len(ratios)} trials `{DEFAULT}` passed and then kept for a full window at the "
             f"same CF, that window's loss (1 - window gain) was a median {med:.2f}x the trial's judged "
-            f"loss (quartiles {q1:.2f}x-{q3:.2f}x): a CF's backlog is still growing when its probe "
-            "interval ends.  A CF that passed is kept down to a gain of epsilon squared, about twice "
+            f"loss (quartiles {q1:.2f}x-{q3:.2f}x), most likely because a CF's backlog in error feedback "
+            "is still growing when its probe interval ends.  A CF that passed is kept down to a gain of epsilon squared, about twice "
             "the loss a trial may show.", ""]
 
 

@@ -349,10 +349,10 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
     def judged_gain(self, gain: float, steps: int) -> float:
         """``gain`` measured over an interval of ``steps`` steps, read as over a full window:
         what the interval owed grows with its length, so the loss of a short interval is
-        scaled by ``steps / window``.  That reads low after a move up: the new CF's backlog in
-        error feedback is still growing when a probe interval ends, so the window after a
-        passed trial reads about twice the judged loss (the generalization benchmark reports
-        the ratio), which ``keep_epsilon`` allows for."""
+        scaled by ``steps / window``.  That reads low after a move up (most likely because the
+        new CF's backlog in error feedback is still growing when a probe interval ends): the
+        window after a passed trial reads about twice the judged loss (the generalization
+        benchmark reports the ratio), which ``keep_epsilon`` allows for."""
         return 1.0 - (1.0 - gain) * min(1.0, steps / self.window)
 
     def _check(self, gain: Optional[float]) -> None:
