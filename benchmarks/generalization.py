@@ -284,12 +284,10 @@ def trial_readings(draws: List[dict], out: str) -> List[float]:
     probe interval after a move to a CF (``controllers/predictive.py``); its judged gain reads
     the interval's loss as a window's, and ``keep_epsilon`` allows for how low that reads."""
     out_ratios = []
-    for d in draws:
-        run_ = load(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT))
-        if run_ is None:
-            continue
+    for d in draws:   # the summary alone: the history is all this reads
+        summary = runlog.read_json(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT, runlog.SUMMARY))
         window = W.draw(d["seed"]).window
-        history = run_["summary"].get("controller_history") or []
+        history = summary.get("controller_history") or []
         for before, trial, after in zip(history, history[1:], history[2:]):
             cf = trial["evaluated_cf"]
             judged = trial.get("judged_gain")
@@ -310,9 +308,9 @@ def trials_paragraph(draws: List[dict], out: str) -> List[str]:
     return ["## A trial's judged gain against the window after it", "",
             f"Over the {len(ratios)} trials `{DEFAULT}` passed and then kept for a full window at the "
             f"same CF, that window's loss (1 - window gain) was a median {med:.2f}x the trial's judged "
-            f"loss (quartiles {q1:.2f}x-{q3:.2f}x), most likely because a CF's backlog in error feedback "
-            "is still growing when its probe interval ends.  A CF that passed is kept down to a gain of epsilon squared, about twice "
-            "the loss a trial may show.", ""]
+            f"loss (quartiles {q1:.2f}x-{q3:.2f}x), most likely because a CF's backlog in error "
+            "feedback is still growing when its probe interval ends.  A CF that passed is kept down "
+            "to a gain of epsilon squared, about twice the loss a trial may show.", ""]
 
 
 # --------------------------------------------------------------------------- report

@@ -351,8 +351,8 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         what the interval owed grows with its length, so the loss of a short interval is
         scaled by ``steps / window``.  That reads low after a move up (most likely because the
         new CF's backlog in error feedback is still growing when a probe interval ends): the
-        window after a passed trial reads about twice the judged loss (the generalization
-        benchmark reports the ratio), which ``keep_epsilon`` allows for."""
+        window after a passed trial reads a larger loss than the one judged, which
+        ``keep_epsilon`` allows for (docs/benchmarks.md has the ratio measured)."""
         return 1.0 - (1.0 - gain) * min(1.0, steps / self.window)
 
     def _check(self, gain: Optional[float]) -> None:
