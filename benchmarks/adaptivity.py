@@ -552,6 +552,20 @@ def provenance(only: Optional[set], rates: Sequence[str], paths: bool, seed: Opt
     return text + seeded
 
 
+def command_line(args) -> str:
+    """The benchmark's command with the flags that shaped this report (the ones that differ from
+    their defaults), so that a committed summary says how to write it again."""
+    parts = ["python -m benchmarks.adaptivity"]
+    for flag, value, default in (("--workloads", args.workloads, ",".join(DEFAULT_WORKLOADS)),
+                                 ("--rates", args.rates, ",".join(RATES)), ("--np", args.np, 2),
+                                 ("--seed", args.seed, None), ("--adaptive", args.adaptive, None),
+                                 ("--judge", args.judge, DEFAULT_GRAVAC), ("--only", args.only, None),
+                                 ("--seed-outs", args.seed_outs, "")):
+        if value != default and value is not None:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
@@ -658,7 +672,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     checks = goals(seed_rows if seed_outs else rows, path_rows, shares, args.judge)
     write_csv(checks, os.path.join(args.out, "goals.csv"))
     md = ["# Adaptivity benchmark", "",
-          f"{args.np} ranks, emulated links {', '.join(rates)}; written by `python -m benchmarks.adaptivity`.",
+          f"{args.np} ranks, emulated links {', '.join(rates)}; written by `{command_line(args)}`.",
           "TTA: training seconds to within 0.5 pp of dense's final accuracy (language model: 2 % of its "
           "perplexity). " + provenance(only, rates, args.paths, args.seed),
           f"'last {LATE_EVALS} vs dense': the mean of the last {LATE_EVALS} evaluations against dense's, in pp "

@@ -364,13 +364,28 @@ def fmt(v, spec=".1f", none="-"):
     return none if v is None else format(v, spec)
 
 
+def command_line(args) -> str:
+    """The benchmark's command with the flags that shaped this report (those that differ from
+    their defaults), so that a committed summary says how to write it again."""
+    parts = ["python -m benchmarks.ddp_hooks"]
+    if list(args.rate) != list(RATES):
+        parts += [f"--rate {r}" for r in args.rate]
+    if args.workload != "cnn1d-waves":
+        parts.append(f"--workload {args.workload}")
+    if list(args.hooks) != list(HOOKS):
+        parts.append("--hooks " + " ".join(args.hooks))
+    if list(args.seeds) != [42, 43, 44]:
+        parts.append("--seeds " + " ".join(map(str, args.seeds)))
+    return " ".join(parts)
+
+
 def report(rows: List[dict], args) -> str:
     rows = [r for r in rows if r["seed"] is None]
     ok = [r for r in rows if "final" in r]
     scale = 100.0 if ok and ok[0]["metric"] == "accuracy" else 1.0
     lines = ["# DDP comm hooks: time to dense accuracy", "",
              f"2 ranks, workload {args.workload}, emulated links {', '.join(args.rate)}, seeds "
-             f"{', '.join(map(str, args.seeds))}; written by `python -m benchmarks.ddp_hooks` "
+             f"{', '.join(map(str, args.seeds))}; written by `{command_line(args)}` "
              "(method in its docstring).", ""]
     if ok:
         targets = ", ".join(f"{t * scale:.2f}" for t in ok[0]["targets"])

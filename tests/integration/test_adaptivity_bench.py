@@ -267,3 +267,14 @@ def test_adaptive_flag_trains_only_the_named_rule_sets(monkeypatch, tmp_path):
     assert any(d.endswith("/full/topk-cf1000") for d in made)
     with pytest.raises(SystemExit):
         A.main(["--out", str(tmp_path), "--adaptive", "topk-cf10"])
+
+
+def test_report_header_names_the_flags_that_shaped_it(tmp_path):
+    """A committed summary says how to write it again: the flags that differ from their defaults."""
+    assert A.main(["--out", str(tmp_path), "--report-only", "--seed", "42", "--adaptive", "gravac-predictive",
+                   "--workloads", "cnn1d-waves"]) == 0
+    header = (tmp_path / "results.md").read_text().splitlines()[2]
+    assert ("written by `python -m benchmarks.adaptivity --workloads cnn1d-waves --seed 42 "
+            "--adaptive gravac-predictive`") in header
+    assert A.main(["--out", str(tmp_path), "--report-only"]) == 0
+    assert "written by `python -m benchmarks.adaptivity`." in (tmp_path / "results.md").read_text()

@@ -103,3 +103,13 @@ def test_over_seeds_the_tta_is_the_median_only_when_every_seed_reached(tmp_path)
     assert g["tta"] is None and g["reached"] == 2 and g["tta_range"] == pytest.approx((0.2, 0.2))
     assert "| 1gbit | GraVAC - s; fastest built-in that reaches: allreduce 4.0 s | FAIL |" in B.report(
         B.analyse(args), args)
+
+
+def test_report_header_names_the_flags_that_shaped_it(tmp_path):
+    """A committed summary says how to write it again: the flags that differ from their defaults."""
+    args = args_for(tmp_path, ["allreduce", "gravac"], rates=["100mbit"], seeds=(42,))
+    assert B.command_line(args) == ("python -m benchmarks.ddp_hooks --rate 100mbit --workload cnn1d-long "
+                                    "--hooks allreduce gravac --seeds 42")
+    default = argparse.Namespace(rate=list(B.RATES), workload="cnn1d-waves", hooks=list(B.HOOKS), seeds=[42, 43, 44])
+    assert B.command_line(default) == "python -m benchmarks.ddp_hooks"
+    assert "written by `python -m benchmarks.ddp_hooks --rate 100mbit" in B.report([], args)
