@@ -552,17 +552,19 @@ def provenance(only: Optional[set], rates: Sequence[str], paths: bool, seed: Opt
     return text + seeded
 
 
-def command_line(args) -> str:
-    """The benchmark's command with the flags that shaped this report (the ones that differ from
-    their defaults), so that a committed summary says how to write it again."""
+#: The flags whose values shape the report, named in its header when they differ from their defaults.
+REPORT_FLAGS = ("workloads", "rates", "np", "seed", "adaptive", "judge", "only", "seed_outs", "steps", "window",
+                "tolerance_pp", "tolerance_ppl")
+
+
+def command_line(parser: argparse.ArgumentParser, args) -> str:
+    """The benchmark's command with the flags that shaped this report (those whose values differ
+    from the parser's defaults), so that a committed summary says how to write it again."""
     parts = ["python -m benchmarks.adaptivity"]
-    for flag, value, default in (("--workloads", args.workloads, ",".join(DEFAULT_WORKLOADS)),
-                                 ("--rates", args.rates, ",".join(RATES)), ("--np", args.np, 2),
-                                 ("--seed", args.seed, None), ("--adaptive", args.adaptive, None),
-                                 ("--judge", args.judge, DEFAULT_GRAVAC), ("--only", args.only, None),
-                                 ("--seed-outs", args.seed_outs, "")):
-        if value != default and value is not None:
-            parts.append(f"{flag} {value}")
+    for dest in REPORT_FLAGS:
+        value = getattr(args, dest)
+        if value != parser.get_default(dest):
+            parts.append(f"--{dest.replace('_', '-')} {value}")
     return " ".join(parts)
 
 
@@ -672,7 +674,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     checks = goals(seed_rows if seed_outs else rows, path_rows, shares, args.judge)
     write_csv(checks, os.path.join(args.out, "goals.csv"))
     md = ["# Adaptivity benchmark", "",
-          f"{args.np} ranks, emulated links {', '.join(rates)}; written by `{command_line(args)}`.",
+          f"{args.np} ranks, emulated links {', '.join(rates)}; written by `{command_line(p, args)}`.",
           "TTA: training seconds to within 0.5 pp of dense's final accuracy (language model: 2 % of its "
           "perplexity). " + provenance(only, rates, args.paths, args.seed),
           f"'last {LATE_EVALS} vs dense': the mean of the last {LATE_EVALS} evaluations against dense's, in pp "

@@ -61,6 +61,8 @@ from typing import Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "results", "ddp_hooks")
 RATES = ("1gbit", "100mbit")
+DEFAULT_WORKLOAD = "cnn1d-waves"
+DEFAULT_SEEDS = (42, 43, 44)
 BUILTIN = ("allreduce", "fp16", "powersgd1", "powersgd2", "powersgd4")
 OURS = ("topk10", "topk100", "topk1000", "accordion", "gravac")
 HOOKS = BUILTIN + OURS
@@ -370,12 +372,14 @@ def command_line(args) -> str:
     parts = ["python -m benchmarks.ddp_hooks"]
     if list(args.rate) != list(RATES):
         parts += [f"--rate {r}" for r in args.rate]
-    if args.workload != "cnn1d-waves":
+    if args.workload != DEFAULT_WORKLOAD:
         parts.append(f"--workload {args.workload}")
     if list(args.hooks) != list(HOOKS):
         parts.append("--hooks " + " ".join(args.hooks))
-    if list(args.seeds) != [42, 43, 44]:
+    if list(args.seeds) != list(DEFAULT_SEEDS):
         parts.append("--seeds " + " ".join(map(str, args.seeds)))
+    if args.steps is not None:
+        parts.append(f"--steps {args.steps}")
     return " ".join(parts)
 
 
@@ -441,11 +445,11 @@ def write_outputs(rows: List[dict], args) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", action="append", help=f"emulated link per rank, repeatable (default: {', '.join(RATES)})")
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="cnn1d-waves")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default=DEFAULT_WORKLOAD)
     p.add_argument("--hooks", nargs="+", choices=HOOKS, default=list(HOOKS))
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the workload's)")
     p.add_argument("--timing-steps", type=int, default=TIMING_STEPS)
-    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44],
+    p.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS),
                    help="one full run of every hook per seed; timing runs are shared")
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--out", default=DEFAULT_OUT)

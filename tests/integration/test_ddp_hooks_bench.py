@@ -28,7 +28,7 @@ def write(tmp_path, runs, seed=42):
 
 def args_for(tmp_path, hooks, rates=("1gbit", "100mbit"), seeds=(42,)):
     return argparse.Namespace(out=str(tmp_path), rate=list(rates), hooks=list(hooks), workload="cnn1d-long",
-                              seeds=list(seeds))
+                              seeds=list(seeds), steps=None)
 
 
 def combined(rows):
@@ -110,6 +110,7 @@ def test_report_header_names_the_flags_that_shaped_it(tmp_path):
     args = args_for(tmp_path, ["allreduce", "gravac"], rates=["100mbit"], seeds=(42,))
     assert B.command_line(args) == ("python -m benchmarks.ddp_hooks --rate 100mbit --workload cnn1d-long "
                                     "--hooks allreduce gravac --seeds 42")
-    default = argparse.Namespace(rate=list(B.RATES), workload="cnn1d-waves", hooks=list(B.HOOKS), seeds=[42, 43, 44])
+    default = argparse.Namespace(rate=list(B.RATES), workload="cnn1d-waves", hooks=list(B.HOOKS), seeds=[42, 43, 44],
+                                 steps=None)
     assert B.command_line(default) == "python -m benchmarks.ddp_hooks"
     assert "written by `python -m benchmarks.ddp_hooks --rate 100mbit" in B.report([], args)
