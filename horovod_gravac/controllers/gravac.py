@@ -98,7 +98,8 @@ class GraVAC(Controller):
             (``coherence.hold_coherence``); 1.0 turns the hold off.  A hold may send a CF
             that delivered all it owed (window gain 1).  A lossy CF above theta_min sent
             while not holding, under which that mean reaches it, fails as a trial below
-            epsilon does.
+            epsilon does, and every lossy rung above theta_min waits with it, the wait
+            doubled after each such failure in the run.
 
     Every rule set takes every setting (they are one signature and one ``config()``), and
     reads those it names.

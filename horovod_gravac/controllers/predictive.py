@@ -81,10 +81,18 @@ what the CF held back, so consecutive gradients keep pointing the same way.  Tha
 harm the gain cannot see (what error feedback delivers late still counts as delivered), so
 the CF fails as a trial that failed epsilon does, and theta_min is held until the backlog is
 delivered.  The check comes at the step after the interval's mean first reaches the
-threshold, once it has ``probe_steps`` readings, rather than at the end of a window.  A
-failed CF, and every rung above it, is not sent again for ``remeasure_windows`` windows of
-steps, doubled after each further failure, so a hold that ends does not climb straight back
-to it.
+threshold, once it has ``probe_steps`` readings, rather than at the end of a window.
+
+Such a failure says more about the run than about the CF: the gradient is in a phase where
+what any CF holds back is signal.  A lower CF holds back less, but it holds back too, and
+trying the rungs below one at a time (each failure making only the failed CF and the rungs
+above it wait) spends an interval at a CF the model cannot take for every rung on the way
+down.  So a coherence failure makes every rung above theta_min wait (``coherence_failures``
+counts them): ``remeasure_windows`` windows of steps, doubled after each further coherence
+failure in the run.  The phase ends as training goes on (the gradient's noise grows against
+its signal as the loss falls), and the doubling keeps a run whose gradient stays signal-rich
+to a few failed intervals in all, however long it is.  A rung measured lossless is exempt:
+it sends all it owes and delays nothing (the hold's own argument above).
 """
 from __future__ import annotations
 
@@ -130,7 +138,9 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
     ``compute_time`` (the step's compute estimate, s), ``comm_time`` (CF -> median
     communication wait per step measured at it, s), ``predicted_step`` (CF -> the step time
     predicted at the last check, s), ``kept`` (the CFs that passed a check and have not failed
-    since: judged against ``keep_epsilon`` rather than epsilon), ``coherence`` and
+    since: judged against ``keep_epsilon`` rather than epsilon), ``coherence_failures`` (the
+    checks that failed a CF on the coherence, each making every rung above theta_min wait
+    longer than the last), ``coherence`` and
     ``signal_share`` (the last window's mean coherence and the rank-averaged gradient's signal
     share from it, at the last check), ``interval_coherence`` (the mean over the steps of the
     interval the last check judged), ``hold_threshold`` and ``holding``.  A check's ``history``
@@ -165,6 +175,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._checks = 0
         self._retry_at: Dict[float, int] = {}   # CF -> first step it may be sent again
         self._failures: Dict[float, int] = {}   # CF -> failed checks since it last passed
+        self.coherence_failures = 0   # checks in this run that failed a CF on the coherence
         self._interval: List[Tuple[float, float]] = []   # (step time, comm time) since the last check
         self.comm_model = None          # the optimizer's exchange.CommModel (set_comm_model)
         self.dense_by_cost = False      # sending dense because it is predicted fastest ...
@@ -340,11 +351,26 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
     #: The largest factor one move may climb (an exponential ladder's 10 -> 160).
     MAX_JUMP = 16.0
 
+    def _retry_wait(self, n: int) -> int:
+        """Steps before a CF is sent again after its ``n``-th failure (or the run's ``n``-th
+        coherence failure): ``remeasure_windows`` windows, doubled per failure, capped."""
+        return self.window * self.remeasure_windows * min(2 ** (n - 1), self.RETRY_BACKOFF_MAX)
+
     def _failed(self, cf: float) -> None:
         n = self._failures.get(cf, 0) + 1
         self._failures[cf] = n
-        self._retry_at[cf] = self.step + 1 + self.window * self.remeasure_windows * min(2 ** (n - 1),
-                                                                                      self.RETRY_BACKOFF_MAX)
+        self._retry_at[cf] = self.step + 1 + self._retry_wait(n)
+
+    def _failed_on_coherence(self, cf: float) -> None:
+        """``cf`` turned the gradient mostly signal: it fails, and every lossy rung above
+        theta_min waits with it, for a wait that doubles per coherence failure in the run
+        (module doc)."""
+        self._failed(cf)
+        self.coherence_failures += 1
+        until = self.step + 1 + self._retry_wait(self.coherence_failures)
+        for rung in self.rungs:
+            if rung > self.theta_min0 * (1 + 1e-9) and self.delivered_gain.get(rung, 0.0) < LOSSLESS_GAIN:
+                self._retry_at[rung] = max(self._retry_at.get(rung, 0), until)
 
     def judged_gain(self, gain: float, steps: int) -> float:
         """``gain`` measured over an interval of ``steps`` steps, read as over a full window:
@@ -392,7 +418,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         else:
             self.delivered_gain[sent] = gain
             if delayed:   # the CF turned the gradient mostly signal: it fails, theta_min holds
-                self._failed(sent)
+                self._failed_on_coherence(sent)
             else:
                 self._failures.pop(sent, None)
             if delayed:
@@ -428,6 +454,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
                       "compute_time": self.compute_time, "predicted_step": dict(self.predicted_step),
                       "next_check": self._next_check, "interval_start": self._interval_start, "checks": self._checks,
                       "retry_at_step": dict(self._retry_at), "failures": dict(self._failures),
+                      "coherence_failures": self.coherence_failures,
                       "interval_coherence": list(self._interval_coherence), "signal_seen": self._signal_seen,
                       "interval": list(self._interval), "coherence": self.coherence,
                       "signal_share": self.signal_share,
@@ -452,6 +479,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._interval_coherence = list(state.get("interval_coherence", []))
         self._signal_seen = bool(state.get("signal_seen", False))
         self._failures = {float(k): int(v) for k, v in state["failures"].items()}
+        self.coherence_failures = int(state.get("coherence_failures", 0))
         self._interval = [tuple(x) for x in state["interval"]]
         self.coherence = state.get("coherence")
         self.signal_share = state.get("signal_share")

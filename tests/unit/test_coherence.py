@@ -114,8 +114,12 @@ def test_the_hold_brings_a_climbed_cf_back_to_theta_min_and_lets_go_when_the_noi
     _observe(ctrl, 25, coherence_value=0.8)   # the window's mean: (25 x 0.05 + 25 x 0.8) / 50 = 0.425
     assert ctrl.decision.send_cf == 10.0 and ctrl.history[-1]["move"] == "hold" and ctrl.holding
     sent = _observe(ctrl, 25, coherence_value=0.05)   # (25 x 0.05 + 25 x 0.8 + 25 x 0.05) / 75 = 0.3
-    assert set(sent) == {10.0} and not ctrl.holding and ctrl.decision.send_cf > 10.0
-    assert ctrl.coherence == pytest.approx(0.3)
+    assert set(sent) == {10.0} and not ctrl.holding and ctrl.coherence == pytest.approx(0.3)
+    # the climbed CF was sent while the cosine rose: it failed on the coherence, so the rungs
+    # above theta_min wait before the released hold may climb again
+    assert ctrl.history[1]["delayed_signal"] and ctrl.decision.send_cf == 10.0
+    sent = _observe(ctrl, 400, coherence_value=0.05)
+    assert set(sent[:370]) == {10.0} and not ctrl.holding and ctrl.decision.send_cf > 10.0
 
 
 def test_a_cf_that_turns_the_gradient_mostly_signal_fails_at_once_and_is_not_climbed_back_to():
@@ -129,9 +133,50 @@ def test_a_cf_that_turns_the_gradient_mostly_signal_fails_at_once_and_is_not_cli
     assert check["step"] == 76 and check["evaluated_cf"] == high and check["delayed_signal"]
     assert check["move"] == "hold" and check["interval_coherence"] == pytest.approx(0.6)
     assert sent[:26] == [high] * 26 and set(sent[26:]) == {10.0} and high in ctrl._failures
-    sent = _observe(ctrl, 300, coherence_value=0.05)   # the noise returns: released, but below the failed CF
-    assert not ctrl.holding and 10.0 < max(sent) < high
+    assert ctrl.coherence_failures == 1
+    # every rung above theta_min waits remeasure_windows windows, not just the failed CF and
+    # those above it: the noise returns and the hold lets go, but nothing climbs until step 477
+    sent = _observe(ctrl, 300, coherence_value=0.05)
+    assert not ctrl.holding and set(sent) == {10.0}
+    assert all(ctrl._retry_at[cf] == 76 + 1 + 4 * 100 for cf in ctrl.rungs if cf > 10.0)
+    sent = _observe(ctrl, 200, coherence_value=0.05)
+    assert max(sent) > 10.0
     assert not any(h["delayed_signal"] for h in ctrl.history if h["step"] > 76)
+
+
+def test_each_coherence_failure_in_the_run_doubles_the_wait_of_every_rung_above_theta_min():
+    """The walk down the rungs: a model whose gradient turns mostly signal under any CF above
+    theta_min fails a lower rung each time the hold lets go.  The run's count of such failures
+    sets the wait, so the second failure, at a lower CF, waits twice the first's."""
+    ctrl = _gravac(theta_max=160)
+    _observe(ctrl, 50, coherence_value=0.05)
+    _observe(ctrl, 30, coherence_value=0.6)   # 160x fails at step 76
+    first = max(ctrl._retry_at.values())
+    _observe(ctrl, 450, coherence_value=0.05)   # waits to step 477, then climbs
+    climbed = ctrl.decision.send_cf
+    assert climbed > 10.0 and ctrl.coherence_failures == 1
+    _observe(ctrl, 30, coherence_value=0.6)
+    check = ctrl.history[-1]
+    assert check["delayed_signal"] and check["evaluated_cf"] == climbed and ctrl.coherence_failures == 2
+    wait = {cf: ctrl._retry_at[cf] - (check["step"] + 1) for cf in ctrl.rungs if cf > 10.0}
+    assert set(wait.values()) == {2 * 4 * 100} and first == 477
+    state = ctrl.state_dict()
+    copy = _gravac(theta_max=160)
+    copy.load_state_dict(state)
+    assert copy.coherence_failures == 2 and copy._retry_at == ctrl._retry_at
+    del state["coherence_failures"]   # a checkpoint from before the count: none counted
+    copy.load_state_dict(state)
+    assert copy.coherence_failures == 0
+
+
+def test_a_coherence_failure_leaves_a_rung_measured_lossless_free():
+    """A CF that sent all it owed delays nothing, so the run-wide wait passes it by."""
+    ctrl = _gravac(theta_max=160)
+    _observe(ctrl, 50, coherence_value=0.05)
+    ctrl.delivered_gain[20.0] = 1.0
+    _observe(ctrl, 30, coherence_value=0.6)
+    assert ctrl.history[-1]["delayed_signal"] and 20.0 not in ctrl._retry_at
+    assert all(ctrl._retry_at[cf] > ctrl.step for cf in ctrl.rungs if cf not in (10.0, 20.0))
 
 
 def test_a_cf_that_leaves_the_gradient_noise_and_theta_min_itself_are_never_failed_for_it():
@@ -191,6 +236,7 @@ def test_a_delayed_signal_check_survives_a_checkpoint():
     copy.load_state_dict(ctrl.state_dict())
     a, b = _observe(ctrl, 60, coherence_value=0.9), _observe(copy, 60, coherence_value=0.9)
     assert a == b and ctrl.history[-1] == copy.history[-1] and ctrl._retry_at == copy._retry_at
+    assert ctrl.coherence_failures == copy.coherence_failures == 1
     assert any(h["delayed_signal"] for h in ctrl.history)
 
 
