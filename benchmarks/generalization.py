@@ -39,6 +39,7 @@ of each family).  Run directories go to ``<out>/runs/`` (not committed).
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import os
 import statistics
@@ -181,13 +182,14 @@ def step_kind(name: str, index: int, step: dict, steps: int) -> str:
 
 
 def analyse_draw(seed: int, out: str, ddp: bool) -> Optional[dict]:
-    """Per configuration of draw ``seed``: final score, TTA and the draw's facts; None before
-    its dense run finished."""
+    """Per configuration of draw ``seed``: final score, TTA and the draw's facts; read back
+    from ``<out>/draws.csv`` where its run directories are gone (:func:`archived_draw`);
+    None before its dense run finished."""
     w = W.draw(seed)
     runs = os.path.join(out, "runs", f"seed{seed}")
     dense = load(os.path.join(runs, "dense"))
     if dense is None:
-        return None
+        return None if os.path.isdir(runs) else archived_draw(seed, out)
     metric = w.metric
     scores = A.score(dense["evals"], metric)
     target = scores[-1] * (1 + TOLERANCE_PPL) if metric == "perplexity" else scores[-1] - TOLERANCE_PP
@@ -214,11 +216,42 @@ def analyse_draw(seed: int, out: str, ddp: bool) -> Optional[dict]:
                       "train_s": times[-1] if times else None, "median_cf": statistics.median(cfs),
                       "mean_step_ms": 1000 * times[-1] / len(times) if times else None,
                       "ranks_identical": r["summary"].get("ranks_identical")}
-    statics = {n: v["tta_s"] for n, v in rows.items() if n.startswith("topk") and v["tta_s"] is not None}
-    best = min(statics, key=statics.get) if statics else None
     return {"seed": seed, "family": w.family, "workload": w.describe(), "metric": metric,
-            "target": target, "dense_final": scores[-1], "comm_share": share, "best_static": best,
-            "timings_ms": {k: 1000 * v for k, v in timings.items()}, "rows": rows}
+            "target": target, "dense_final": scores[-1], "comm_share": share, "best_static": best_static(rows),
+            "timings_ms": {k: 1000 * v for k, v in timings.items()}, "rows": rows,
+            "ran_at": _read_commit(os.path.join(runs, DEFAULT, COMMIT_FILE))}
+
+
+def best_static(rows: Dict[str, dict]) -> Optional[str]:
+    """The static CF with the shortest TTA (in hindsight); None where none reaches."""
+    statics = {n: v["tta_s"] for n, v in rows.items() if n.startswith("topk") and v["tta_s"] is not None}
+    return min(statics, key=statics.get) if statics else None
+
+
+def archived_draw(seed: int, out: str) -> Optional[dict]:
+    """Draw ``seed`` as an earlier report wrote it to ``<out>/draws.csv``, for a draw whose run
+    directories are gone (they are not committed): its rows, target and share, and the commit
+    its adaptive run ran at.  None where the file has no row for it."""
+    path = os.path.join(out, "draws.csv")
+    if not os.path.exists(path):
+        return None
+    with open(path, newline="") as f:
+        mine = [r for r in csv.DictReader(f) if int(r["seed"]) == seed]
+    if not mine:
+        return None
+
+    def num(v: Optional[str]) -> Optional[float]:
+        return float(v) if v not in (None, "") else None
+
+    rows = {r["config"]: {"final": num(r["final"]), "tta_s": num(r["tta_s"]), "timed": r["timed"] == "True",
+                          "train_s": num(r["train_s"]), "median_cf": num(r["median_cf"]),
+                          "mean_step_ms": num(r["mean_step_ms"]), "ranks_identical": r["ranks_identical"] == "True"}
+            for r in mine}
+    first = mine[0]
+    return {"seed": seed, "family": first["family"], "workload": first["workload"], "metric": W.draw(seed).metric,
+            "target": num(first["target"]), "dense_final": rows.get("dense", {}).get("final"),
+            "comm_share": num(first["comm_share"]), "best_static": best_static(rows), "timings_ms": {},
+            "rows": rows, "ran_at": first.get("ran_at") or "unknown"}
 
 
 def _cumsum(xs):
@@ -305,9 +338,12 @@ def trials_paragraph(draws: List[dict], out: str) -> List[str]:
     if len(ratios) < 4:
         return []
     q1, med, q3 = statistics.quantiles(ratios, n=4)
+    # (a draw read back from draws.csv has no history: only the runs on disk count)
+    read = [d["seed"] for d in draws
+            if os.path.exists(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT, runlog.SUMMARY))]
     return ["## A trial's judged gain against the window after it", "",
             f"Over the {len(ratios)} trials `{DEFAULT}` passed and then kept for a full window at the "
-            f"same CF, that window's loss (1 - window gain) was a median {med:.2f}x the trial's judged "
+            f"same CF (draws {_ranges(read)}), that window's loss (1 - window gain) was a median {med:.2f}x the trial's judged "
             f"loss (quartiles {q1:.2f}x-{q3:.2f}x), most likely because a CF's backlog in error "
             "feedback is still growing when its probe interval ends.  A CF that passed is kept down "
             "to a gain of epsilon squared, about twice the loss a trial may show.", ""]
@@ -322,17 +358,19 @@ def commit() -> str:
         return "unknown"
 
 
-def ran_at(draws: List[dict], out: str) -> str:
+def _read_commit(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def ran_at(draws: List[dict]) -> str:
     """Which commit ran each draw's adaptive run (its ``commit.txt``), as ranges of seeds."""
     by_commit: Dict[str, List[int]] = {}
     for d in draws:
-        path = os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT, COMMIT_FILE)
-        try:
-            with open(path) as f:
-                at = f.read().strip() or "unknown"
-        except OSError:
-            at = "unknown"
-        by_commit.setdefault(at, []).append(d["seed"])
+        by_commit.setdefault(d.get("ran_at") or "unknown", []).append(d["seed"])
     return "; ".join(f"{_ranges(seeds)} at {at}" for at, seeds in by_commit.items())
 
 
@@ -359,7 +397,7 @@ def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int], goals_f
           f"Draws {format_seeds(seeds)} of `benchmarks/workloads.py`, 2 ranks on emulated {RATE} links; "
           f"written by `python -m benchmarks.generalization{' --ddp' if ddp else ''} --seeds {format_seeds(seeds)}"
           f"{f' --goals-from {goals_from}' if goals_from is not None else ''}` "
-          f"at commit {commit()}; the draws' `{DEFAULT}` runs at {ran_at(draws, out)}.",
+          f"at commit {commit()}; the draws' `{DEFAULT}` runs at {ran_at(draws)}.",
           "TTA: training seconds to within 0.5 pp of dense's final accuracy (language models: 2 % of its "
           "perplexity); '-': never reached.  Comm: the share of a Top-k 10x step spent waiting for "
           "communication.  Ratios are TTA over the best static CF's (in hindsight, over "
@@ -392,7 +430,8 @@ def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int], goals_f
     for d in draws:
         for n, r in d["rows"].items():
             flat.append({"seed": d["seed"], "family": d["family"], "workload": d["workload"],
-                         "comm_share": d["comm_share"], "target": d["target"], "config": n, **r,
+                         "comm_share": d["comm_share"], "target": d["target"], "ran_at": d.get("ran_at"),
+                         "config": n, **r,
                          "vs_best_static": ratio(r["tta_s"], d["rows"].get(d["best_static"], {}).get("tta_s")
                                                  if d["best_static"] else None),
                          "vs_accordion": ratio(r["tta_s"], d["rows"].get("accordion", {}).get("tta_s"))})
@@ -446,10 +485,12 @@ def plots(draws: List[dict], out: str, names: List[str]) -> List[str]:
     fig.savefig(path, dpi=80)
     plt.close(fig)
     made.append(path)
-    # One draw per family: accuracy (perplexity) against training time.
+    # One draw per family: accuracy (perplexity) against training time, from the runs on disk
+    # (a draw read back from draws.csv has no curves).
     first = {}
     for d in draws:
-        first.setdefault(d["family"], d)
+        if load(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT)) is not None:
+            first.setdefault(d["family"], d)
     if first:
         fig, axes = plt.subplots(1, len(first), figsize=(4 * len(first), 3.4), squeeze=False)
         for ax, (fam, d) in zip(axes[0], sorted(first.items())):
@@ -477,7 +518,9 @@ def plots(draws: List[dict], out: str, names: List[str]) -> List[str]:
             ax.set_title(f"seed {d['seed']}: {fam}", fontsize=9)
             ax.set_xlabel("training seconds")
             ax.set_ylabel(d["metric"])
-        axes[0][0].legend(fontsize=6)
+        drawn = [ax for ax in axes[0] if ax.get_legend_handles_labels()[0]]
+        if drawn:
+            drawn[0].legend(fontsize=6)
         fig.tight_layout()
         path = os.path.join(out, "accuracy_vs_time.png")
         fig.savefig(path, dpi=80)

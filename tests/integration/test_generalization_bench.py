@@ -134,6 +134,33 @@ def test_fixed_runs_are_timed_by_the_timing_runs_and_the_default_by_its_own_step
     assert "### The same goals" not in (tmp_path / "results.md").read_text()
 
 
+def test_a_draw_whose_runs_are_gone_is_read_back_from_the_report(tmp_path):
+    """Run directories are not committed: a report over draws that ran on another machine
+    reads them back from draws.csv, with the commit their adaptive run ran at."""
+    seed = accuracy_seed()
+    runs = tmp_path / "runs" / f"seed{seed}"
+    write_run(runs / "dense", [1] * 8, [90, 95, 98, 98])
+    write_run(runs / "topk100", [100] * 8, [90, 96, 97.7, 98])
+    write_run(runs / "gravac", [10, 10, 100, 100, 100, 100, 100, 100], [90, 97.6, 98, 98], step_s=0.05)
+    (runs / "gravac" / G.COMMIT_FILE).write_text("abc1234\n")
+    write_run(runs / "time-dense", [1] * 10, [], step_s=1.0)
+    write_run(runs / "time-topk100", [100] * 10, [], step_s=0.2)
+    d = G.analyse_draw(seed, str(tmp_path), ddp=False)
+    assert d["ran_at"] == "abc1234" and d["best_static"] == "topk100"
+    G.report([d], str(tmp_path), ddp=False, seeds=[seed])
+    before = (tmp_path / "results.md").read_text()
+    import shutil
+    shutil.rmtree(runs)
+    back = G.analyse_draw(seed, str(tmp_path), ddp=False)
+    assert back["rows"] == d["rows"] and back["ran_at"] == "abc1234"
+    assert (back["target"], back["comm_share"], back["best_static"]) == (d["target"], d["comm_share"], "topk100")
+    G.report([back], str(tmp_path), ddp=False, seeds=[seed])
+    assert (tmp_path / "results.md").read_text() == before
+    assert G.analyse_draw(seed + 1, str(tmp_path), ddp=False) is None   # never ran, nowhere
+    os.makedirs(tmp_path / "runs" / f"seed{seed}")   # a draw on disk whose dense run has not finished
+    assert G.analyse_draw(seed, str(tmp_path), ddp=False) is None
+
+
 def test_trial_readings_pair_a_passed_trial_with_the_full_window_after_it(tmp_path):
     seed = accuracy_seed()
     window = W.draw(seed).window
