@@ -46,7 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from benchmarks import adaptivity as A
 from benchmarks import workloads as W
@@ -390,13 +390,15 @@ def goals_table(draws: List[dict]) -> str:
                       [[c["goal"], c["measured"], "PASS" if c["pass"] else "FAIL"] for c in goals(draws)])
 
 
-def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int], goals_from: Optional[int] = None) -> None:
+def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int],
+           goals_from: Union[None, int, Sequence[int]] = None) -> None:
     names = list(configs(ddp))
+    froms = [] if goals_from is None else [goals_from] if isinstance(goals_from, int) else list(goals_from)
     title = "DDP hooks" if ddp else "Horovod"
     md = [f"# Generalization benchmark ({title})", "",
           f"Draws {format_seeds(seeds)} of `benchmarks/workloads.py`, 2 ranks on emulated {RATE} links; "
           f"written by `python -m benchmarks.generalization{' --ddp' if ddp else ''} --seeds {format_seeds(seeds)}"
-          f"{f' --goals-from {goals_from}' if goals_from is not None else ''}` "
+          f"{''.join(f' --goals-from {g}' for g in froms)}` "
           f"at commit {commit()}; the draws' `{DEFAULT}` runs at {ran_at(draws)}.",
           "TTA: training seconds to within 0.5 pp of dense's final accuracy (language models: 2 % of its "
           "perplexity); '-': never reached.  Comm: the share of a Top-k 10x step spent waiting for "
@@ -416,10 +418,11 @@ def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int], goals_f
     md += [A.md_table(header, rows), ""]
     md += [f"## Goals, for `{DEFAULT}` (`GraVAC()` with its defaults, window a twelfth of the steps)", "",
            goals_table(draws), ""]
-    later = [d for d in draws if goals_from is not None and d["seed"] >= goals_from]
-    if later:   # the draws a later rule ran, on their own (its commits are in the header)
-        md += [f"### The same goals over draws {_ranges([d['seed'] for d in later])} only", "",
-               goals_table(later), ""]
+    for start in froms:   # the draws a later rule ran, on their own (its commits are in the header)
+        later = [d for d in draws if d["seed"] >= start]
+        if later:
+            md += [f"### The same goals over draws {_ranges([d['seed'] for d in later])} only", "",
+                   goals_table(later), ""]
     if not ddp:
         md += trials_paragraph(draws, out)
     made = plots(draws, out, names)
@@ -544,8 +547,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "paper=gravac:variant=paper (repeatable)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     p.add_argument("--report-only", action="store_true")
-    p.add_argument("--goals-from", type=int, metavar="SEED",
-                   help="also judge the goals over the draws from SEED on (those a later rule ran)")
+    p.add_argument("--goals-from", type=int, metavar="SEED", action="append",
+                   help="also judge the goals over the draws from SEED on (those a later rule ran; repeatable)")
     args = p.parse_args(argv)
     seeds = parse_seeds(args.seeds)
     for item in args.adaptive:

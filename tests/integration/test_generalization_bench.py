@@ -132,6 +132,10 @@ def test_fixed_runs_are_timed_by_the_timing_runs_and_the_default_by_its_own_step
     assert f"--seeds {seed} --goals-from {seed}`" in text   # the command that writes it again
     G.report([d], str(tmp_path), ddp=False, seeds=[seed], goals_from=seed + 1)   # no later draw: one table
     assert "### The same goals" not in (tmp_path / "results.md").read_text()
+    G.report([d], str(tmp_path), ddp=False, seeds=[seed], goals_from=[seed - 1, seed])   # one table per rule
+    text = (tmp_path / "results.md").read_text()
+    assert text.count("| goal | measured | result |") == 3
+    assert f"--goals-from {seed - 1} --goals-from {seed}`" in text
 
 
 def test_a_draw_whose_runs_are_gone_is_read_back_from_the_report(tmp_path):
@@ -155,7 +159,10 @@ def test_a_draw_whose_runs_are_gone_is_read_back_from_the_report(tmp_path):
     assert back["rows"] == d["rows"] and back["ran_at"] == "abc1234"
     assert (back["target"], back["comm_share"], back["best_static"]) == (d["target"], d["comm_share"], "topk100")
     G.report([back], str(tmp_path), ddp=False, seeds=[seed])
-    assert (tmp_path / "results.md").read_text() == before
+    after = (tmp_path / "results.md").read_text()
+    # the same tables and goals; the curves per family need the runs on disk
+    assert after == before.replace("![accuracy_vs_time.png](accuracy_vs_time.png)\n", "")
+    assert "accuracy_vs_time.png" in before and "accuracy_vs_time.png" not in after
     assert G.analyse_draw(seed + 1, str(tmp_path), ddp=False) is None   # never ran, nowhere
     os.makedirs(tmp_path / "runs" / f"seed{seed}")   # a draw on disk whose dense run has not finished
     assert G.analyse_draw(seed, str(tmp_path), ddp=False) is None
