@@ -438,8 +438,20 @@ def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int],
                          "vs_best_static": ratio(r["tta_s"], d["rows"].get(d["best_static"], {}).get("tta_s")
                                                  if d["best_static"] else None),
                          "vs_accordion": ratio(r["tta_s"], d["rows"].get("accordion", {}).get("tta_s"))})
-    A.write_csv(flat, os.path.join(out, "draws.csv"))
+    rows = sorted(kept_rows(out, {d["seed"] for d in draws}) + flat, key=lambda r: int(r["seed"]))   # (stable)
+    A.write_csv(rows, os.path.join(out, "draws.csv"))
     log(f"wrote {os.path.join(out, 'results.md')}")
+
+
+def kept_rows(out: str, seeds: set) -> List[dict]:
+    """The rows of ``<out>/draws.csv`` for draws other than ``seeds``: the file keeps every draw
+    reported into it, so a report over one draw does not drop the others (they may have run
+    on another machine, their run directories gone; :func:`archived_draw`)."""
+    path = os.path.join(out, "draws.csv")
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        return [r for r in csv.DictReader(f) if int(r["seed"]) not in seeds]
 
 
 def plots(draws: List[dict], out: str, names: List[str]) -> List[str]:

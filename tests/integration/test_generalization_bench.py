@@ -164,6 +164,10 @@ def test_a_draw_whose_runs_are_gone_is_read_back_from_the_report(tmp_path):
     assert after == before.replace("![accuracy_vs_time.png](accuracy_vs_time.png)\n", "")
     assert "accuracy_vs_time.png" in before and "accuracy_vs_time.png" not in after
     assert G.analyse_draw(seed + 1, str(tmp_path), ddp=False) is None   # never ran, nowhere
+    other = dict(back, seed=seed + 1)   # a report over another draw keeps this one's rows
+    G.report([other], str(tmp_path), ddp=False, seeds=[seed + 1])
+    assert G.analyse_draw(seed, str(tmp_path), ddp=False)["rows"] == d["rows"]
+    assert G.analyse_draw(seed + 1, str(tmp_path), ddp=False)["rows"] == d["rows"]
     os.makedirs(tmp_path / "runs" / f"seed{seed}")   # a draw on disk whose dense run has not finished
     assert G.analyse_draw(seed, str(tmp_path), ddp=False) is None
 
