@@ -501,12 +501,18 @@ def plots(draws: List[dict], out: str, names: List[str]) -> List[str]:
     plt.close(fig)
     made.append(path)
     # One draw per family: accuracy (perplexity) against training time, from the runs on disk
-    # (a draw read back from draws.csv has no curves).
+    # (a draw read back from draws.csv has no curves).  Where some family has no draw on disk,
+    # the plot already there (made when they were) is kept rather than drawn with fewer families.
     first = {}
     for d in draws:
         if load(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT)) is not None:
             first.setdefault(d["family"], d)
-    if first:
+    path = os.path.join(out, "accuracy_vs_time.png")
+    missing = sorted({d["family"] for d in draws} - set(first))
+    if missing and os.path.exists(path):
+        log(f"no run on disk for {', '.join(missing)}: {path} kept as it is")
+        made.append(path)
+    elif first:
         fig, axes = plt.subplots(1, len(first), figsize=(4 * len(first), 3.4), squeeze=False)
         for ax, (fam, d) in zip(axes[0], sorted(first.items())):
             runs = os.path.join(out, "runs", f"seed{d['seed']}")
@@ -537,7 +543,6 @@ def plots(draws: List[dict], out: str, names: List[str]) -> List[str]:
         if drawn:
             drawn[0].legend(fontsize=6)
         fig.tight_layout()
-        path = os.path.join(out, "accuracy_vs_time.png")
         fig.savefig(path, dpi=80)
         plt.close(fig)
         made.append(path)
