@@ -339,8 +339,7 @@ def trials_paragraph(draws: List[dict], out: str) -> List[str]:
         return []
     q1, med, q3 = statistics.quantiles(ratios, n=4)
     # (a draw read back from draws.csv has no history: only the runs on disk count)
-    read = [d["seed"] for d in draws
-            if os.path.exists(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT, runlog.SUMMARY))]
+    read = [d["seed"] for d in draws if runlog.is_finished(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT))]
     return ["## A trial's judged gain against the window after it", "",
             f"Over the {len(ratios)} trials `{DEFAULT}` passed and then kept for a full window at the "
             f"same CF (draws {_ranges(read)}), that window's loss (1 - window gain) was a median {med:.2f}x the trial's judged "
@@ -505,7 +504,7 @@ def plots(draws: List[dict], out: str, names: List[str]) -> List[str]:
     # the plot already there (made when they were) is kept rather than drawn with fewer families.
     first = {}
     for d in draws:
-        if load(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT)) is not None:
+        if runlog.is_finished(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT)):
             first.setdefault(d["family"], d)
     path = os.path.join(out, "accuracy_vs_time.png")
     missing = sorted({d["family"] for d in draws} - set(first))
