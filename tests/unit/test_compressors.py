@@ -1,5 +1,6 @@
 """Single-process tests of Top-k and Random-k (no Horovod collectives involved)."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import torch
 from horovod_gravac.compressors import RandomKCompressor, SparseCompressor, TopKCompressor, kept_count
 from horovod_gravac.selection.sampling import stratified_indices
 from horovod_gravac.selection.topk import topk_indices
-from horovod_gravac.error_feedback import ErrorFeedback
+from horovod_gravac.error_feedback import WINDOW_CHUNK, ErrorFeedback, IntervalSum, window_sums
 
 
 def laplace(n, seed=0):
@@ -375,3 +376,36 @@ def test_decompress_native_and_torch_paths_agree_and_reject_bad_indices():
     bad = SparsePayload(payload.values[:2].clone(), torch.tensor([0, 50_000], dtype=torch.int32))
     with pytest.raises(IndexError):
         comp.decompress(bad, ctx)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, WINDOW_CHUNK, WINDOW_CHUNK + 1, 3 * WINDOW_CHUNK + 5])
+def test_window_sums_are_the_float64_sums_across_chunk_edges(n):
+    g = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    d = torch.zeros(n)
+    d[::3] = g[::3] * 0.5
+    g64, d64 = g.double(), d.double()
+    expected = (float(g64 @ g64), float(d64 @ g64), float(d64 @ d64))
+    assert window_sums(g, d) == pytest.approx(expected, rel=1e-12, abs=1e-300)
+    assert window_sums(g, None) == pytest.approx((expected[0], 0.0, 0.0), rel=1e-12)
+    assert window_sums(None, d) == pytest.approx((0.0, 0.0, expected[2]), rel=1e-12)
+    assert window_sums(None, None) == (0.0, 0.0, 0.0)
+
+
+def test_window_sums_of_a_lossless_window_give_a_gain_of_exactly_one():
+    # the predictive rule reads a window gain of 1 (to 1e-9) as "sent all it owed"
+    g = torch.randn(3 * WINDOW_CHUNK + 11, generator=torch.Generator().manual_seed(1))
+    g_sq, dot, d_sq = window_sums(g, g.clone())
+    assert dot * dot == g_sq * d_sq
+
+
+def test_interval_sum_takes_the_window_then_starts_again():
+    buckets = [SimpleNamespace(index=0, numel=5, offsets=[(0, 5)], device=torch.device("cpu"),
+                               value_dtype=torch.float32)]
+    sums = IntervalSum(gradients=True, delivered=True)
+    grad = torch.arange(1.0, 6.0)
+    sums.record(buckets[0], [grad], torch.tensor([0.0, 2.0, 0.0, 4.0, 0.0]), scale=1.0)
+    sums.record(buckets[0], [grad], SimpleNamespace(values=torch.tensor([5.0]), indices=torch.tensor([4])), scale=2.0)
+    owed = grad * 1.5   # one step at scale 1, one at scale 2
+    sent = torch.tensor([0.0, 2.0, 0.0, 4.0, 2.5])
+    assert sums.take_window(buckets) == pytest.approx((float(owed @ owed), float(sent @ owed), float(sent @ sent)))
+    assert sums.take_window(buckets) == (0.0, 0.0, 0.0)
