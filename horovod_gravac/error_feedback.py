@@ -53,47 +53,6 @@ def add_into_slices(buf: torch.Tensor, grads: Iterable[Optional[torch.Tensor]], 
         torch._foreach_add_(list(views), list(flats), alpha=alpha)
 
 
-#: Entries per float64 chunk of :func:`window_sums` on the CPU (two 512 KiB buffers a call).
-WINDOW_CHUNK = 1 << 16
-
-
-def window_sums(g: Optional[torch.Tensor], d: Optional[torch.Tensor]) -> Tuple[float, float, float]:
-    """``(||g||^2, <d, g>, ||d||^2)`` in float64 (a missing tensor counts as zero).
-
-    On the CPU in chunks through two small float64 buffers: a float64 copy of a whole bucket
-    is a fresh allocation of twice its size, and its page faults, not the arithmetic, made a
-    window's end cost tens of milliseconds on a 2M-entry bucket, on every rank at once.  On
-    accelerators one conversion each (a chunk loop there is a kernel launch per chunk)."""
-    if g is None and d is None:
-        return 0.0, 0.0, 0.0
-    if (g if g is not None else d).device.type != "cpu":
-        g64 = None if g is None else g.double()
-        d64 = None if d is None else d.double()
-        g_sq = 0.0 if g64 is None else float(g64.dot(g64))
-        d_sq = 0.0 if d64 is None else float(d64.dot(d64))
-        dot = 0.0 if g64 is None or d64 is None else float(d64.dot(g64))
-        return g_sq, dot, d_sq
-    n = (g if g is not None else d).numel()
-    if n == 0:
-        return 0.0, 0.0, 0.0
-    chunk = min(n, WINDOW_CHUNK)
-    g_buf = torch.empty(chunk, dtype=torch.float64)
-    d_buf = torch.empty(chunk, dtype=torch.float64)
-    g_sq = dot = d_sq = 0.0
-    for start in range(0, n, chunk):
-        m = min(chunk, n - start)
-        gc, dc = g_buf[:m], d_buf[:m]
-        if g is not None:
-            gc.copy_(g[start:start + m])
-            g_sq += float(gc.dot(gc))
-        if d is not None:
-            dc.copy_(d[start:start + m])
-            d_sq += float(dc.dot(dc))
-            if g is not None:
-                dot += float(dc.dot(gc))
-    return g_sq, dot, d_sq
-
-
 def save_by_name(buffers: Dict[int, torch.Tensor], buckets) -> Dict[str, torch.Tensor]:
     """Per-bucket flat buffers as ``{parameter name: copy of its slice}`` (``buckets``:
     objects with ``index``, ``names`` and ``offsets``)."""
@@ -358,8 +317,14 @@ class IntervalSum:
         is zero where nothing was recorded as sent); then a new interval."""
         g_sq = dot = d_sq = 0.0
         for b in buckets:
-            sums = window_sums(self.sums.get(b.index), self.sent.get(b.index))
-            g_sq, dot, d_sq = g_sq + sums[0], dot + sums[1], d_sq + sums[2]
+            g = self.sums.get(b.index)
+            d = self.sent.get(b.index)
+            if g is not None:
+                g_sq += float(g.double().pow(2).sum())
+            if d is not None:
+                d_sq += float(d.double().pow(2).sum())
+                if g is not None:
+                    dot += float(torch.dot(d.double(), g.double()))
         self.reset()
         return g_sq, dot, d_sq
 
