@@ -111,6 +111,11 @@ def configs(ddp: bool) -> Dict[str, Tuple[str, str]]:
 
 
 # --------------------------------------------------------------------------- running
+def draw_dir(out: str, seed: int) -> str:
+    """Where draw ``seed``'s run directories are, under ``out``."""
+    return os.path.join(out, "runs", f"seed{seed}")
+
+
 def launch(seed: int, spec: str, run_dir: str, rate: Optional[str], ddp: bool, timeout: float,
            steps: Optional[int] = None, diagnose: bool = False) -> bool:
     """Train one configuration of draw ``seed`` on 2 ranks (``rate`` None: plain localhost)."""
@@ -145,7 +150,7 @@ def timed_specs(ddp: bool) -> Dict[str, str]:
 
 
 def run_draw(seed: int, out: str, args) -> None:
-    runs = os.path.join(out, "runs", f"seed{seed}")
+    runs = draw_dir(out, seed)
     cfg = configs(args.ddp)
     only = set(args.only.split(",")) if args.only else set(cfg)
     # 1. fixed configurations, full, on localhost (their arithmetic does not depend on time)
@@ -186,7 +191,7 @@ def analyse_draw(seed: int, out: str, ddp: bool) -> Optional[dict]:
     from ``<out>/draws.csv`` where its run directories are gone (:func:`archived_draw`);
     None before its dense run finished."""
     w = W.draw(seed)
-    runs = os.path.join(out, "runs", f"seed{seed}")
+    runs = draw_dir(out, seed)
     dense = load(os.path.join(runs, "dense"))
     if dense is None:
         return None if os.path.isdir(runs) else archived_draw(seed, out)
@@ -318,7 +323,7 @@ def trial_readings(draws: List[dict], out: str) -> List[float]:
     the interval's loss as a window's, and ``keep_epsilon`` allows for how low that reads."""
     out_ratios = []
     for d in draws:   # the summary alone: the history is all this reads
-        summary = runlog.read_json(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT, runlog.SUMMARY))
+        summary = runlog.read_json(os.path.join(draw_dir(out, d["seed"]), DEFAULT, runlog.SUMMARY))
         window = W.draw(d["seed"]).window
         history = summary.get("controller_history") or []
         for before, trial, after in zip(history, history[1:], history[2:]):
@@ -339,7 +344,7 @@ def trials_paragraph(draws: List[dict], out: str) -> List[str]:
         return []
     q1, med, q3 = statistics.quantiles(ratios, n=4)
     # (a draw read back from draws.csv has no history: only the runs on disk count)
-    read = [d["seed"] for d in draws if runlog.is_finished(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT))]
+    read = [d["seed"] for d in draws if runlog.is_finished(os.path.join(draw_dir(out, d["seed"]), DEFAULT))]
     return ["## A trial's judged gain against the window after it", "",
             f"Over the {len(ratios)} trials `{DEFAULT}` passed and then kept for a full window at the "
             f"same CF (draws {_ranges(read)}), that window's loss (1 - window gain) was a median {med:.2f}x the trial's judged "
@@ -504,7 +509,7 @@ def plots(draws: List[dict], out: str, names: List[str]) -> List[str]:
     # the plot already there (made when they were) is kept rather than drawn with fewer families.
     first = {}
     for d in draws:
-        if runlog.is_finished(os.path.join(out, "runs", f"seed{d['seed']}", DEFAULT)):
+        if runlog.is_finished(os.path.join(draw_dir(out, d["seed"]), DEFAULT)):
             first.setdefault(d["family"], d)
     path = os.path.join(out, "accuracy_vs_time.png")
     missing = sorted({d["family"] for d in draws} - set(first))
@@ -514,7 +519,7 @@ def plots(draws: List[dict], out: str, names: List[str]) -> List[str]:
     elif first:
         fig, axes = plt.subplots(1, len(first), figsize=(4 * len(first), 3.4), squeeze=False)
         for ax, (fam, d) in zip(axes[0], sorted(first.items())):
-            runs = os.path.join(out, "runs", f"seed{d['seed']}")
+            runs = draw_dir(out, d["seed"])
             for i, n in enumerate(names):
                 r = load(os.path.join(runs, n))
                 row = d["rows"].get(n)
