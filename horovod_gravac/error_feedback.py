@@ -231,23 +231,35 @@ class ErrorFeedback:
 
 class IntervalSum:
     """Running sums over the current accumulation interval, one buffer per bucket (in its
-    ``value_dtype``, as the residuals):
-    ``sums`` of the raw (unscaled) gradients G (``gradients``: Accordion; GraVAC's
-    "delivered" variant starts G at the residual, see :meth:`owe_residuals`) and ``sent`` of
-    what this rank sent D (``delivered``: the compressed error-fed gradient).  Read, and
-    restarted, at the interval's end.  ``undoable``: each addition first keeps a copy of the
-    sum, for :meth:`undo` (a loss scaler's skipped steps)."""
+    ``value_dtype``, as the residuals): ``sums`` of the raw (unscaled) gradients G
+    (``gradients``: Accordion) and ``sent`` of what this rank sent D (``delivered``: the
+    compressed error-fed gradient, GraVAC "delivered" and "predictive").  Read, and restarted,
+    at the interval's end.  ``undoable``: each addition first keeps a copy of the sum, for
+    :meth:`undo` (a loss scaler's skipped steps).
+
+    With ``delivered``, what the interval owed is not summed step by step: it is what the
+    interval sent plus what error feedback still holds at its end, G = D + r_end (the
+    residual's invariant, sent + new residual == gradient + old residual, summed over the
+    interval; so G starts at the residual the interval inherited).  Each bucket's sums are
+    taken at the interval's last step, as soon as the bucket is encoded (:meth:`record` with
+    ``g_ef``), while its error-fed gradient and what it sent are at hand: that saves a full
+    buffer per bucket and a pass over it every step.  A frozen parameter's residual, set aside
+    for the step, is not owed."""
 
     def __init__(self, gradients: bool = False, delivered: bool = False, undoable: bool = False):
-        self.gradients, self.delivered, self.undoable = gradients, delivered, undoable
+        self.delivered, self.undoable = delivered, undoable
+        self.gradients = gradients and not delivered   # (delivered: G is formed at the end)
         self.sums: Dict[int, torch.Tensor] = {}
         self.sent: Dict[int, torch.Tensor] = {}
         self._backups: Dict[Tuple[str, int], torch.Tensor] = {}   # see _buffer(backup=True)
+        self._taken: Dict[int, torch.Tensor] = {}   # delivered: bucket -> its window sums, this step
 
-    def record(self, bucket, grads, sent, scale: float) -> None:
+    def record(self, bucket, grads, sent, scale: float, g_ef: Optional[torch.Tensor] = None) -> None:
         """One bucket's step, as far as the sums track it: G += its raw gradients ``grads``
         (None: the bucket was non-finite here, nothing is added), D += ``sent``, what this
-        rank sent of it (a dense vector or a sparse payload).  ``scale``: the loss scale."""
+        rank sent of it (a dense vector or a sparse payload).  ``scale``: the loss scale.
+        ``g_ef``: at the interval's last step (``delivered``), the error-fed gradient the
+        bucket sent from (times ``scale``): the bucket's window sums are taken now."""
         if grads is None:
             return
         key, numel, device, dtype = bucket.index, bucket.numel, bucket.device, bucket.value_dtype
@@ -259,18 +271,21 @@ class IntervalSum:
             else:
                 self.add_sent(key, numel, device, scale, self.undoable, values=sent.values,
                               indices=sent.indices, dtype=dtype)
+        if self.delivered and g_ef is not None:
+            self._taken[key] = self._window_sums(key, _left_owing(g_ef, sent, scale))
 
-    def owe_residuals(self, buckets, residuals: Dict[int, torch.Tensor]) -> None:
-        """A new window's G starts at this rank's residuals (unscaled, just committed): what
-        the window owes is its gradients plus what error feedback still holds, so a window
-        that delivers an earlier CF's backlog is credited for it (GraVAC "delivered"; nothing
-        for sums that track no delivery)."""
-        if not self.delivered:
-            return
-        for b in buckets:
-            residual = residuals.get(b.index)
-            if residual is not None:
-                self.seed(b.index, residual)
+    def _window_sums(self, key: int, left: Optional[torch.Tensor]) -> torch.Tensor:
+        """(||G||^2, <D, G>, ||D||^2) of bucket ``key`` with G = D + ``left`` (float64, or
+        None: nothing), as a float64 tensor on the bucket's device (no host sync)."""
+        d = self.sent.get(key)
+        d = None if d is None else d.double()
+        if d is None and left is None:
+            return torch.zeros(3, dtype=torch.float64)
+        if d is None:
+            zero = left.new_zeros(())
+            return torch.stack([left.dot(left), zero, zero])
+        g = d if left is None else left.add_(d)
+        return torch.stack([g.dot(g), d.dot(g), d.dot(d)])
 
     def _buffer(self, table: Dict[int, torch.Tensor], tag: str, key: int, numel: int, device,
                 backup: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -291,11 +306,6 @@ class IntervalSum:
         acc = self._buffer(self.sums, "sums", key, numel, device, backup, dtype)
         add_into_slices(acc, grads, offsets, alpha=1.0 / scale)
 
-    def seed(self, key: int, owed: torch.Tensor) -> None:
-        """G = ``owed`` at the start of an interval (its sums were just reset)."""
-        self._buffer(self.sums, "sums", key, owed.numel(), owed.device, backup=False,
-                     dtype=owed.dtype).copy_(owed)
-
     def add_sent(self, key: int, numel: int, device, scale: float, backup: bool,
                  dense: Optional[torch.Tensor] = None, values=None, indices=None,
                  dtype: torch.dtype = torch.float32) -> None:
@@ -312,20 +322,28 @@ class IntervalSum:
             if (tag, key) in self._backups and key in table:
                 table[key].copy_(self._backups[(tag, key)])
 
-    def take_window(self, buckets) -> Tuple[float, float, float]:
+    def take_window(self, buckets, residuals: Optional[Dict[int, torch.Tensor]] = None) -> Tuple[float, float, float]:
         """(||G||^2, <D, G>, ||D||^2) over the interval, in float64 and bucket order (D
-        is zero where nothing was recorded as sent); then a new interval."""
-        g_sq = dot = d_sq = 0.0
+        is zero where nothing was recorded as sent); then a new interval.  ``delivered``: the
+        sums :meth:`record` took at this step; a bucket it did not take (non-finite here)
+        owes what ``residuals`` holds for it."""
+        parts = []
         for b in buckets:
-            g = self.sums.get(b.index)
-            d = self.sent.get(b.index)
-            if g is not None:
-                g_sq += float(g.double().pow(2).sum())
-            if d is not None:
-                d_sq += float(d.double().pow(2).sum())
-                if g is not None:
-                    dot += float(torch.dot(d.double(), g.double()))
+            if self.delivered:
+                taken = self._taken.get(b.index)
+                if taken is None:
+                    residual = None if residuals is None else residuals.get(b.index)
+                    left = residual.double() if residual is not None and residual.numel() == b.numel else None
+                    taken = self._window_sums(b.index, left)
+            else:   # Accordion: G summed, nothing sent recorded
+                g = self.sums.get(b.index)
+                g = None if g is None else g.double()
+                taken = torch.zeros(3, dtype=torch.float64) if g is None else torch.stack([g.dot(g), *g.new_zeros(2)])
+            parts.append(taken.cpu())
         self.reset()
+        if not parts:
+            return 0.0, 0.0, 0.0
+        g_sq, dot, d_sq = torch.stack(parts).sum(0).tolist()
         return g_sq, dot, d_sq
 
     def drop(self, key: int) -> None:
@@ -337,6 +355,7 @@ class IntervalSum:
     def reset(self) -> None:
         for buf in list(self.sums.values()) + list(self.sent.values()):
             buf.zero_()
+        self._taken.clear()
 
     def state_dict(self, buckets) -> Dict[str, torch.Tensor]:
         """By parameter name; D's slices under ``name + SENT_SUFFIX``."""
@@ -347,11 +366,24 @@ class IntervalSum:
     def load_state_dict(self, saved: Dict[str, torch.Tensor], buckets) -> None:
         sums = {n: t for n, t in saved.items() if not n.endswith(SENT_SUFFIX)}
         sent = {n[:-len(SENT_SUFFIX)]: t for n, t in saved.items() if n.endswith(SENT_SUFFIX)}
-        load_by_name(self.sums, sums, buckets)
+        if self.gradients:   # (delivered: a state that saved G, as before G = D + r_end, owes nothing more)
+            load_by_name(self.sums, sums, buckets)
         if sent or not saved:
             load_by_name(self.sent, sent, buckets)
         else:   # a state from before D was saved: D starts from zero with the next interval
             self.sent.clear()
+
+
+def _left_owing(g_ef: torch.Tensor, sent, scale: float) -> Optional[torch.Tensor]:
+    """What a bucket's residual becomes once this step's send is committed, unscaled, in
+    float64 (None: nothing): ``g_ef`` less the entries sent, as the transfers commit it
+    (a dense send takes all of it; a sparse one clears the entries it carried)."""
+    if isinstance(sent, torch.Tensor):
+        return None
+    left = g_ef.double()
+    if sent is not None and sent.indices.numel():
+        left.index_fill_(0, sent.indices.long(), 0.0)
+    return left.div_(scale) if scale != 1.0 else left
 
 
 #: Suffix of the interval's sent-sum slices in a saved state (next to G's, by parameter name).

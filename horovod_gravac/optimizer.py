@@ -334,7 +334,8 @@ class _GravacDistributedOptimizer(torch.optim.Optimizer):
         self._delay = {p: self.backward_passes_per_step for _, p in floats}
         undoable = self._grad_scaler is not None   # a loss scaler's skipped steps are undone
         self._memory = ErrorFeedback(options.momentum_correction, undoable)   # residuals (and DGC's velocities)
-        # Accordion's running sums over the interval (and GraVAC "delivered"'s of what was sent)
+        # Accordion's running sum of the gradients over the interval, GraVAC "delivered"'s and
+        # "predictive"'s of what was sent
         self._interval = IntervalSum(controller.needs_accumulation, controller.tracks_delivery, undoable)
         self._powersgd = PowerSGDState(self._memory)   # PowerSGD's warm starts and error feedback
         self._shared_seed = options.reference_compressor.step_seeded

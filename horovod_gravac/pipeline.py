@@ -43,7 +43,10 @@ class BucketPipeline:
         encoded = self.encoder.encode(bucket, self.controller.decision, record, scale=scale,
                                       step_index=step_index, with_stats=with_stats)
         bucket.transfer = encoded.transfer
-        self.interval.record(bucket, encoded.grads, encoded.sent, scale)
+        # at an interval's last step the bucket's window sums are taken now, from its g_ef
+        closing = self.interval.delivered and bucket.update_residual and ends_interval(self.controller)
+        g_ef = self.memory.residuals.get(bucket.index) if closing else None
+        self.interval.record(bucket, encoded.grads, encoded.sent, scale, g_ef=g_ef)
         encoded.transfer.sent_recorded = encoded.grads is not None and encoded.sent is not None
         if not with_stats:
             bucket.transfer.start()
@@ -56,7 +59,8 @@ class BucketPipeline:
         """This rank's statistics of the step, for the carrier; at an accumulation
         interval's end (``record.at_boundary``) with the interval's sums, which start again."""
         record.at_boundary = ends_interval(self.controller)
-        window = self.interval.take_window(self.buckets) if record.at_boundary else (0.0, 0.0, 0.0)
+        window = self.interval.take_window(self.buckets, self.memory.residuals) if record.at_boundary \
+            else (0.0, 0.0, 0.0)
         return record.local_stats(scale, *window)
 
     def finish(self, record: StepRecord) -> List[torch.Tensor]:
@@ -83,8 +87,6 @@ class BucketPipeline:
             elif bucket.update_residual:
                 self.memory.undo(bucket.index)
                 self.interval.undo(bucket.index)
-        if record.at_boundary and not skipped:   # GraVAC "delivered": the next window owes them
-            self.interval.owe_residuals(self.buckets, self.memory.residuals)
         for bucket in self.buckets:
             bucket.reset()
 

@@ -91,10 +91,11 @@ class Controller:
     #: True when the controller needs rank-averaged observations every step (they ride
     #: in the last bucket's collective) and rank 0's decision each step.
     needs_consensus = False
-    #: True when the optimizer must keep a running sum G of raw gradients over each
-    #: ``accumulation_interval`` steps (Accordion; GraVAC "delivered").
+    #: True when the optimizer must report ``accumulated_sq``, the squared norm of what each
+    #: ``accumulation_interval`` steps owed, G: a running sum of raw gradients (Accordion).
     needs_accumulation = False
-    #: True when it must also sum what each rank sent, D (GraVAC "delivered").
+    #: True when it must also sum what each rank sent, D; G is then what was sent plus what
+    #: error feedback still holds at the interval's end (GraVAC "delivered", "predictive").
     tracks_delivery = False
     #: True when it reads the gradient coherence (``coherence.py``; ``StepObservation.coherence``).
     needs_coherence = False

@@ -379,13 +379,62 @@ def test_decompress_native_and_torch_paths_agree_and_reject_bad_indices():
 
 
 def test_interval_sum_takes_the_window_then_starts_again():
+    """Accordion's sums: G summed step by step."""
     buckets = [SimpleNamespace(index=0, numel=5, offsets=[(0, 5)], device=torch.device("cpu"),
                                value_dtype=torch.float32)]
-    sums = IntervalSum(gradients=True, delivered=True)
+    sums = IntervalSum(gradients=True)
     grad = torch.arange(1.0, 6.0)
-    sums.record(buckets[0], [grad], torch.tensor([0.0, 2.0, 0.0, 4.0, 0.0]), scale=1.0)
-    sums.record(buckets[0], [grad], SimpleNamespace(values=torch.tensor([5.0]), indices=torch.tensor([4])), scale=2.0)
+    sums.record(buckets[0], [grad], None, scale=1.0)
+    sums.record(buckets[0], [grad], None, scale=2.0)
     owed = grad * 1.5   # one step at scale 1, one at scale 2
-    sent = torch.tensor([0.0, 2.0, 0.0, 4.0, 2.5])
-    assert sums.take_window(buckets) == pytest.approx((float(owed @ owed), float(sent @ owed), float(sent @ sent)))
+    assert sums.take_window(buckets) == pytest.approx((float(owed @ owed), 0.0, 0.0))
     assert sums.take_window(buckets) == (0.0, 0.0, 0.0)
+
+
+def test_delivered_sums_owe_what_was_sent_and_what_error_feedback_still_holds():
+    """GraVAC "delivered" and "predictive": G = D + r_end, the residual's invariant summed
+    over the window, so G starts at the residual the window inherited and nothing owed is
+    summed step by step.  Checked against G summed explicitly, over sparse and dense sends
+    and a loss scale."""
+    bucket = SimpleNamespace(index=0, numel=6, offsets=[(0, 6)], device=torch.device("cpu"),
+                             value_dtype=torch.float32)
+    memory, sums = ErrorFeedback(), IntervalSum(gradients=True, delivered=True)
+    assert not sums.gradients   # nothing owed is summed
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(6, generator=gen) for _ in range(7)]
+    scales = [1.0, 1.0, 4.0, 1.0, 2.0, 1.0, 1.0]
+    owed, sent_sum = torch.zeros(6, dtype=torch.float64), torch.zeros(6, dtype=torch.float64)
+    for step, (g, scale) in enumerate(zip(grads, scales)):
+        if step == 2:   # a new window: it owes the residual it inherits
+            owed = memory.residuals[0].double().clone()
+            sent_sum.zero_()
+        g_ef = memory.add(0, [g * scale], bucket.offsets, 6, "cpu", scale)
+        owed += g.double()
+        if step == 4:   # a dense send
+            sent = g_ef
+            sent_sum += g_ef.double() / scale
+        else:   # the two largest entries
+            idx = g_ef.abs().topk(2).indices.to(torch.int32)
+            sent = SimpleNamespace(values=g_ef[idx].clone(), indices=idx)
+            sent_sum.index_add_(0, idx.long(), g_ef[idx].double() / scale)
+        closing = step in (1, 6)
+        sums.record(bucket, [g * scale], sent, scale, g_ef=g_ef if closing else None)
+        if closing:
+            want = (float(owed @ owed), float(sent_sum @ owed), float(sent_sum @ sent_sum))
+            got = sums.take_window([bucket])
+            assert got == pytest.approx(want, rel=1e-6), step
+        if isinstance(sent, torch.Tensor):
+            memory.sent_dense(0)
+        else:
+            memory.sent_sparse(0, sent.indices)
+        memory.unscale(0, scale)
+    assert float(memory.residuals[0].abs().max()) > 0   # the last window owed a residual
+    # a window whose every entry was sent owes nothing more: exactly lossless
+    g_ef = memory.add(0, [grads[0]], bucket.offsets, 6, "cpu", 1.0)
+    sums.record(bucket, [grads[0]], g_ef, 1.0, g_ef=g_ef)
+    g_sq, dot, d_sq = sums.take_window([bucket])
+    assert g_sq == dot == d_sq > 0
+    # a bucket not taken this step (non-finite here) owes what its residual holds
+    sums.record(bucket, [grads[1]], torch.full((6,), 2.0), 1.0)   # D = 2 everywhere
+    memory.residuals[0].fill_(1.0)
+    assert sums.take_window([bucket], memory.residuals) == pytest.approx((6 * 9.0, 6 * 6.0, 6 * 4.0))
