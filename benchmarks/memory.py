@@ -34,6 +34,9 @@ Modes (same model, same data, one after another in the same processes):
   gravac-topk    GraVAC exploring: theta_min 10, candidate 100, sending the candidate
                  (both levels computed every step, plus gains and consensus)
   gravac-randomk the same with Random-k (shared seed: values-only allreduce)
+  gravac-default GraVAC() as users get it (the predictive rule set), with a window of 8 steps so
+                 that its checks fall among the measured steps: besides the residuals it keeps
+                 the sum of what its interval sent (one fp32 buffer per bucket)
   dgc-100        StaticCF(100), DGC (when the compressor exists)
 """
 import argparse
@@ -130,6 +133,8 @@ def modes():
         "gravac-settled": dict(controller=PinnedGraVAC(100, 100), compressor=hg.TopKCompressor, levels=1),
         "gravac-topk": dict(controller=PinnedGraVAC(10, 100), compressor=hg.TopKCompressor, levels=2),
         "gravac-randomk": dict(controller=PinnedGraVAC(10, 100), compressor=hg.RandomKCompressor, levels=2),
+        # the default rule set, checking every couple of steps: its interval's sums ride along
+        "gravac-default": dict(controller=hg.GraVAC(window=8), compressor=hg.TopKCompressor, levels=1),
     }
     from horovod_gravac import compressors
     if hasattr(compressors, "DGCCompressor"):
