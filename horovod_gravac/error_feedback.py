@@ -272,20 +272,48 @@ class IntervalSum:
                 self.add_sent(key, numel, device, scale, self.undoable, values=sent.values,
                               indices=sent.indices, dtype=dtype)
         if self.delivered and g_ef is not None:
-            self._taken[key] = self._window_sums(key, _left_owing(g_ef, sent, scale))
+            # what is left owing: g_ef less the entries sent, as the transfer commits it (a
+            # dense send takes all of it; a sparse one clears the entries it carried)
+            left = None if isinstance(sent, torch.Tensor) else g_ef
+            cleared = sent.indices if left is not None and sent is not None else None
+            self._taken[key] = self._window_sums(key, left, cleared, scale)
 
-    def _window_sums(self, key: int, left: Optional[torch.Tensor]) -> torch.Tensor:
-        """(||G||^2, <D, G>, ||D||^2) of bucket ``key`` with G = D + ``left`` (float64, or
-        None: nothing), as a float64 tensor on the bucket's device (no host sync)."""
-        d = self.sent.get(key)
-        d = None if d is None else d.double()
-        if d is None and left is None:
+    def _window_sums(self, key: int, left: Optional[torch.Tensor], cleared: Optional[torch.Tensor] = None,
+                     scale: float = 1.0) -> torch.Tensor:
+        """(||G||^2, <D, G>, ||D||^2) of bucket ``key``, G = D + r_end, as a float64 tensor on
+        the bucket's device (no host sync).  r_end is ``left`` / ``scale`` with the entries at
+        ``cleared`` taken as zero (None: nothing left).  Summed in float64 over chunks of
+        ``WINDOW_CHUNK`` entries, so a check's transient memory is two chunks, not two float64
+        copies of the bucket."""
+        d_all = self.sent.get(key)
+        ref = left if left is not None else d_all
+        if ref is None:
             return torch.zeros(3, dtype=torch.float64)
-        if d is None:
-            zero = left.new_zeros(())
-            return torch.stack([left.dot(left), zero, zero])
-        g = d if left is None else left.add_(d)
-        return torch.stack([g.dot(g), d.dot(g), d.dot(d)])
+        n = ref.numel()
+        edges = range(0, n, WINDOW_CHUNK)
+        if cleared is not None and cleared.numel():   # each chunk's share of the cleared entries
+            cleared = cleared.long().sort().values
+            cuts = torch.searchsorted(cleared, torch.tensor(list(edges) + [n], device=cleared.device)).tolist()
+        else:
+            cleared = None
+        sums = torch.zeros(3, dtype=torch.float64, device=ref.device)
+        for i, start in enumerate(edges):
+            end = min(n, start + WINDOW_CHUNK)
+            d = None if d_all is None else d_all[start:end].double()
+            g = d
+            if left is not None:
+                g = left[start:end].double()
+                if cleared is not None and cuts[i + 1] > cuts[i]:
+                    g.index_fill_(0, cleared[cuts[i]:cuts[i + 1]] - start, 0.0)
+                if scale != 1.0:
+                    g.div_(scale)
+                if d is not None:
+                    g.add_(d)
+            sums[0] += g.dot(g)
+            if d is not None:
+                sums[1] += d.dot(g)
+                sums[2] += d.dot(d)
+        return sums
 
     def _buffer(self, table: Dict[int, torch.Tensor], tag: str, key: int, numel: int, device,
                 backup: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -333,8 +361,8 @@ class IntervalSum:
                 taken = self._taken.get(b.index)
                 if taken is None:
                     residual = None if residuals is None else residuals.get(b.index)
-                    left = residual.double() if residual is not None and residual.numel() == b.numel else None
-                    taken = self._window_sums(b.index, left)
+                    taken = self._window_sums(b.index, residual if residual is not None
+                                              and residual.numel() == b.numel else None)
             else:   # Accordion: G summed, nothing sent recorded
                 g = self.sums.get(b.index)
                 g = None if g is None else g.double()
@@ -374,16 +402,9 @@ class IntervalSum:
             self.sent.clear()
 
 
-def _left_owing(g_ef: torch.Tensor, sent, scale: float) -> Optional[torch.Tensor]:
-    """What a bucket's residual becomes once this step's send is committed, unscaled, in
-    float64 (None: nothing): ``g_ef`` less the entries sent, as the transfers commit it
-    (a dense send takes all of it; a sparse one clears the entries it carried)."""
-    if isinstance(sent, torch.Tensor):
-        return None
-    left = g_ef.double()
-    if sent is not None and sent.indices.numel():
-        left.index_fill_(0, sent.indices.long(), 0.0)
-    return left.div_(scale) if scale != 1.0 else left
+#: Entries per chunk of a window's float64 sums (``IntervalSum``): 16 MiB of float64 per
+#: operand, so the largest buckets take a few chunks of a handful of operations each.
+WINDOW_CHUNK = 1 << 21
 
 
 #: Suffix of the interval's sent-sum slices in a saved state (next to G's, by parameter name).

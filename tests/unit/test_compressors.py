@@ -8,6 +8,7 @@ import torch
 from horovod_gravac.compressors import RandomKCompressor, SparseCompressor, TopKCompressor, kept_count
 from horovod_gravac.selection.sampling import stratified_indices
 from horovod_gravac.selection.topk import topk_indices
+from horovod_gravac import error_feedback
 from horovod_gravac.error_feedback import ErrorFeedback, IntervalSum
 
 
@@ -391,11 +392,14 @@ def test_interval_sum_takes_the_window_then_starts_again():
     assert sums.take_window(buckets) == (0.0, 0.0, 0.0)
 
 
-def test_delivered_sums_owe_what_was_sent_and_what_error_feedback_still_holds():
+@pytest.mark.parametrize("chunk", [None, 4, 1])
+def test_delivered_sums_owe_what_was_sent_and_what_error_feedback_still_holds(chunk, monkeypatch):
     """GraVAC "delivered" and "predictive": G = D + r_end, the residual's invariant summed
     over the window, so G starts at the residual the window inherited and nothing owed is
     summed step by step.  Checked against G summed explicitly, over sparse and dense sends
-    and a loss scale."""
+    and a loss scale; summed in one chunk or in chunks of 4 and 1 entries."""
+    if chunk is not None:
+        monkeypatch.setattr(error_feedback, "WINDOW_CHUNK", chunk)
     bucket = SimpleNamespace(index=0, numel=6, offsets=[(0, 6)], device=torch.device("cpu"),
                              value_dtype=torch.float32)
     memory, sums = ErrorFeedback(), IntervalSum(gradients=True, delivered=True)
