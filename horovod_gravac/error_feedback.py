@@ -302,7 +302,7 @@ class IntervalSum:
             d = None if d_all is None else d_all[start:end].double()
             g = d
             if left is not None:
-                g = left[start:end].double()
+                g = left[start:end].to(torch.float64, copy=True)   # (a float64 bucket: not g_ef itself)
                 if cleared is not None and cuts[i + 1] > cuts[i]:
                     g.index_fill_(0, cleared[cuts[i]:cuts[i + 1]] - start, 0.0)
                 if scale != 1.0:
@@ -355,7 +355,7 @@ class IntervalSum:
         is zero where nothing was recorded as sent); then a new interval.  ``delivered``: the
         sums :meth:`record` took at this step; a bucket it did not take (non-finite here)
         owes what ``residuals`` holds for it."""
-        parts = []
+        parts: Dict[torch.device, list] = {}
         for b in buckets:
             if self.delivered:
                 taken = self._taken.get(b.index)
@@ -367,11 +367,12 @@ class IntervalSum:
                 g = self.sums.get(b.index)
                 g = None if g is None else g.double()
                 taken = torch.zeros(3, dtype=torch.float64) if g is None else torch.stack([g.dot(g), *g.new_zeros(2)])
-            parts.append(taken.cpu())
+            parts.setdefault(taken.device, []).append(taken)
         self.reset()
-        if not parts:
-            return 0.0, 0.0, 0.0
-        g_sq, dot, d_sq = torch.stack(parts).sum(0).tolist()
+        total = torch.zeros(3, dtype=torch.float64)
+        for on_device in parts.values():   # one copy back per device
+            total += torch.stack(on_device).sum(0).cpu()
+        g_sq, dot, d_sq = total.tolist()
         return g_sq, dot, d_sq
 
     def drop(self, key: int) -> None:

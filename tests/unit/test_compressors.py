@@ -392,6 +392,21 @@ def test_interval_sum_takes_the_window_then_starts_again():
     assert sums.take_window(buckets) == (0.0, 0.0, 0.0)
 
 
+def test_taking_a_float64_buckets_window_sums_leaves_its_g_ef_as_it_was():
+    """A float64 bucket's g_ef is already float64: the sums work on a copy of it."""
+    bucket = SimpleNamespace(index=0, numel=4, offsets=[(0, 4)], device=torch.device("cpu"),
+                             value_dtype=torch.float64)
+    sums = IntervalSum(gradients=True, delivered=True)
+    g_ef = torch.tensor([1.0, -3.0, 0.5, 2.0], dtype=torch.float64)
+    before = g_ef.clone()
+    sent = SimpleNamespace(values=g_ef[[1]].clone(), indices=torch.tensor([1], dtype=torch.int32))
+    sums.record(bucket, [g_ef], sent, 2.0, g_ef=g_ef)
+    assert torch.equal(g_ef, before)
+    owed = before / 2
+    d = torch.tensor([0.0, -1.5, 0.0, 0.0], dtype=torch.float64)
+    assert sums.take_window([bucket]) == pytest.approx((float(owed @ owed), float(d @ owed), float(d @ d)))
+
+
 @pytest.mark.parametrize("chunk", [None, 4, 1])
 def test_delivered_sums_owe_what_was_sent_and_what_error_feedback_still_holds(chunk, monkeypatch):
     """GraVAC "delivered" and "predictive": G = D + r_end, the residual's invariant summed
