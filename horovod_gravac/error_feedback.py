@@ -280,11 +280,12 @@ class IntervalSum:
 
     def _window_sums(self, key: int, left: Optional[torch.Tensor], cleared: Optional[torch.Tensor] = None,
                      scale: float = 1.0) -> torch.Tensor:
-        """(||G||^2, <D, G>, ||D||^2) of bucket ``key``, G = D + r_end, as a float64 tensor on
-        the bucket's device (no host sync).  r_end is ``left`` / ``scale`` with the entries at
-        ``cleared`` taken as zero (None: nothing left).  Summed in float64 over chunks of
-        ``WINDOW_CHUNK`` entries, so a check's transient memory is two chunks, not two float64
-        copies of the bucket."""
+        """(||G||^2, <D, G>, ||D||^2) of bucket ``key``, G = D + ``left`` / ``scale`` with the
+        entries at ``cleared`` taken as zero (``left`` None: G = D; delivered, ``left`` is what
+        error feedback still holds; Accordion, which records no D, passes its summed G), as a
+        float64 tensor on the bucket's device; one host sync, for the chunks' share of
+        ``cleared``.  Summed in float64 over chunks of ``WINDOW_CHUNK`` entries, so a check's
+        transient memory is two chunks, not two float64 copies of the bucket."""
         d_all = self.sent.get(key)
         ref = left if left is not None else d_all
         if ref is None:
@@ -357,16 +358,11 @@ class IntervalSum:
         owes what ``residuals`` holds for it."""
         parts: Dict[torch.device, list] = {}
         for b in buckets:
-            if self.delivered:
-                taken = self._taken.get(b.index)
-                if taken is None:
-                    residual = None if residuals is None else residuals.get(b.index)
-                    taken = self._window_sums(b.index, residual if residual is not None
-                                              and residual.numel() == b.numel else None)
-            else:   # Accordion: G summed, nothing sent recorded
-                g = self.sums.get(b.index)
-                g = None if g is None else g.double()
-                taken = torch.zeros(3, dtype=torch.float64) if g is None else torch.stack([g.dot(g), *g.new_zeros(2)])
+            taken = self._taken.get(b.index)
+            if taken is None:   # Accordion: G as summed; delivered: D + the residual as it stands
+                left = self.sums.get(b.index) if self.gradients else \
+                    None if residuals is None else residuals.get(b.index)
+                taken = self._window_sums(b.index, left if left is not None and left.numel() == b.numel else None)
             parts.setdefault(taken.device, []).append(taken)
         self.reset()
         total = torch.zeros(3, dtype=torch.float64)
