@@ -187,14 +187,16 @@ def step_kind(name: str, index: int, step: dict, steps: int) -> str:
 
 
 def analyse_draw(seed: int, out: str, ddp: bool) -> Optional[dict]:
-    """Per configuration of draw ``seed``: final score, TTA and the draw's facts; read back
-    from ``<out>/draws.csv`` where its run directories are gone (:func:`archived_draw`);
-    None before its dense run finished."""
+    """Per configuration of draw ``seed``: final score, TTA and the draw's facts.  Without a
+    finished dense run on disk, the draw as ``<out>/draws.csv`` archived it
+    (:func:`archived_draw`), with any adaptive run now on disk in its place
+    (:func:`with_adaptive_runs`); None where it has neither."""
     w = W.draw(seed)
     runs = draw_dir(out, seed)
     dense = load(os.path.join(runs, "dense"))
     if dense is None:
-        return None if os.path.isdir(runs) else archived_draw(seed, out)
+        archived = archived_draw(seed, out)
+        return None if archived is None else with_adaptive_runs(archived, runs, ddp)
     metric = w.metric
     scores = A.score(dense["evals"], metric)
     target = scores[-1] * (1 + TOLERANCE_PPL) if metric == "perplexity" else scores[-1] - TOLERANCE_PP
@@ -214,17 +216,23 @@ def analyse_draw(seed: int, out: str, ddp: bool) -> Optional[dict]:
             times = None if any(t is None for t in per_step) else list(_cumsum(per_step))
         else:
             times = A.curve(r)
-        sc = A.score(r["evals"], metric)
-        tta = A.first_at_target(r, times, target, metric)[1] if times else None
-        cfs = [float(s.get("cf") or 1.0) for s in r["steps"]]
-        rows[name] = {"final": sc[-1], "tta_s": tta, "timed": times is not None,
-                      "train_s": times[-1] if times else None, "median_cf": statistics.median(cfs),
-                      "mean_step_ms": 1000 * times[-1] / len(times) if times else None,
-                      "ranks_identical": r["summary"].get("ranks_identical")}
+        rows[name] = run_row(r, times, target, metric)
     return {"seed": seed, "family": w.family, "workload": w.describe(), "metric": metric,
             "target": target, "dense_final": scores[-1], "comm_share": share, "best_static": best_static(rows),
             "timings_ms": {k: 1000 * v for k, v in timings.items()}, "rows": rows,
             "ran_at": _read_commit(os.path.join(runs, DEFAULT, COMMIT_FILE))}
+
+
+def run_row(r: dict, times: Optional[List[float]], target: float, metric: str) -> dict:
+    """One configuration's row of a draw: its final score, TTA against ``target`` on the
+    cumulative training ``times`` (None: not timed), median CF and mean step."""
+    cfs = [float(s.get("cf") or 1.0) for s in r["steps"]]
+    return {"final": A.score(r["evals"], metric)[-1],
+            "tta_s": A.first_at_target(r, times, target, metric)[1] if times else None,
+            "timed": times is not None, "train_s": times[-1] if times else None,
+            "median_cf": statistics.median(cfs),
+            "mean_step_ms": 1000 * times[-1] / len(times) if times else None,
+            "ranks_identical": r["summary"].get("ranks_identical")}
 
 
 def best_static(rows: Dict[str, dict]) -> Optional[str]:
@@ -257,6 +265,21 @@ def archived_draw(seed: int, out: str) -> Optional[dict]:
             "target": num(first["target"]), "dense_final": rows.get("dense", {}).get("final"),
             "comm_share": num(first["comm_share"]), "best_static": best_static(rows), "timings_ms": {},
             "rows": rows, "ran_at": first.get("ran_at") or "unknown"}
+
+
+def with_adaptive_runs(draw: dict, runs: str, ddp: bool) -> dict:
+    """An archived ``draw`` with the adaptive runs now on disk in ``runs`` in place of its
+    rows: an adaptive configuration is timed by its own run at the rate, so it can be trained
+    again (``--only gravac``, say, after its rule changed) and judged against the archived
+    fixed configurations and target.  Its commit becomes the draw's ``ran_at``."""
+    for name, (_, kind) in configs(ddp).items():
+        r = load(os.path.join(runs, name))
+        if kind != "adaptive" or r is None:
+            continue
+        draw["rows"][name] = run_row(r, A.curve(r), draw["target"], draw["metric"])
+        if name == DEFAULT:
+            draw["ran_at"] = _read_commit(os.path.join(runs, name, COMMIT_FILE))
+    return draw
 
 
 def _cumsum(xs):

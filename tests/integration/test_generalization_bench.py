@@ -170,8 +170,34 @@ def test_a_draw_whose_runs_are_gone_is_read_back_from_the_report(tmp_path):
     G.report([other], str(tmp_path), ddp=False, seeds=[seed + 1])
     assert G.analyse_draw(seed, str(tmp_path), ddp=False)["rows"] == d["rows"]
     assert G.analyse_draw(seed + 1, str(tmp_path), ddp=False)["rows"] == d["rows"]
-    os.makedirs(tmp_path / "runs" / f"seed{seed}")   # a draw on disk whose dense run has not finished
-    assert G.analyse_draw(seed, str(tmp_path), ddp=False) is None
+    os.makedirs(tmp_path / "runs" / f"seed{seed + 2}")   # on disk, no dense run, never reported
+    assert G.analyse_draw(seed + 2, str(tmp_path), ddp=False) is None
+
+
+def test_an_adaptive_run_trained_again_is_judged_against_the_archived_draw(tmp_path):
+    """``--only gravac`` on a draw whose fixed runs are gone (after the rule changed): the new
+    run replaces the archived row, timed by its own steps, against the archived target."""
+    seed = accuracy_seed()
+    runs = tmp_path / "runs" / f"seed{seed}"
+    write_run(runs / "dense", [1] * 8, [90, 95, 98, 98])                       # target 97.5
+    write_run(runs / "topk100", [100] * 8, [90, 96, 97.7, 98])
+    write_run(runs / "gravac", [10] * 8, [90, 96, 97, 97], step_s=0.05)        # never
+    (runs / "gravac" / G.COMMIT_FILE).write_text("old1234\n")
+    write_run(runs / "time-dense", [1] * 10, [], step_s=1.0)
+    write_run(runs / "time-topk100", [100] * 10, [], step_s=0.2)
+    d = G.analyse_draw(seed, str(tmp_path), ddp=False)
+    G.report([d], str(tmp_path), ddp=False, seeds=[seed])
+    import shutil
+    shutil.rmtree(runs)
+    write_run(runs / "gravac", [100] * 8, [90, 97.6, 98, 98], step_s=0.05)    # at step 4
+    (runs / "gravac" / G.COMMIT_FILE).write_text("new5678\n")
+    again = G.analyse_draw(seed, str(tmp_path), ddp=False)
+    assert again["ran_at"] == "new5678" and again["target"] == pytest.approx(97.5)
+    assert again["rows"]["gravac"]["tta_s"] == pytest.approx(4 * 0.05) and again["rows"]["gravac"]["median_cf"] == 100
+    assert {n: r for n, r in again["rows"].items() if n != "gravac"} == \
+        {n: r for n, r in d["rows"].items() if n != "gravac"}                 # the fixed rows as archived
+    G.report([again], str(tmp_path), ddp=False, seeds=[seed])
+    assert "`gravac` runs at " + str(seed) + " at new5678" in (tmp_path / "results.md").read_text()
 
 
 def test_trial_readings_pair_a_passed_trial_with_the_full_window_after_it(tmp_path):
