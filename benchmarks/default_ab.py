@@ -30,7 +30,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import glob
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,10 +59,25 @@ def revision_tree(sha: str):
     path = tempfile.mkdtemp(prefix=f"default_ab-{sha}-")
     subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "--force", path, sha], check=True,
                    capture_output=True)
+    share_kernels(sha, path)
     try:
         yield path
     finally:
         subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", path], capture_output=True)
+
+
+def share_kernels(sha: str, tree: str) -> None:
+    """Give the revision's tree this checkout's built C kernels (``horovod_gravac/_kernels*.so``,
+    not tracked) where the revision's kernel source is the same: without them it runs the
+    slower fallback, and its steps would not compare with this checkout's."""
+    built = glob.glob(os.path.join(ROOT, "horovod_gravac", "_kernels*.so"))
+    same = subprocess.run(["git", "-C", ROOT, "diff", "--quiet", sha, "--", "horovod_gravac/_native"]).returncode == 0
+    if built and same:
+        for so in built:
+            shutil.copy2(so, os.path.join(tree, "horovod_gravac"))
+    else:
+        print(f"[default_ab] {sha} runs without the C kernels ({'none built here' if not built else 'its source differs'}):"
+              " its steps are slower than this checkout's", flush=True)
 
 
 @contextlib.contextmanager
