@@ -528,11 +528,13 @@ def plots(draws: List[dict], out: str, names: List[str]) -> List[str]:
     plt.close(fig)
     made.append(path)
     # One draw per family: accuracy (perplexity) against training time, from the runs on disk
-    # (a draw read back from draws.csv has no curves).  Where some family has no draw on disk,
-    # the plot already there (made when they were) is kept rather than drawn with fewer families.
+    # (a draw read back from draws.csv has no curves, and one whose adaptive run alone was
+    # trained again has no others).  Where some family has no draw on disk, the plot already
+    # there (made when they were) is kept rather than drawn with fewer families.
     first = {}
     for d in draws:
-        if runlog.is_finished(os.path.join(draw_dir(out, d["seed"]), DEFAULT)):
+        runs = draw_dir(out, d["seed"])
+        if runlog.is_finished(os.path.join(runs, DEFAULT)) and runlog.is_finished(os.path.join(runs, "dense")):
             first.setdefault(d["family"], d)
     path = os.path.join(out, "accuracy_vs_time.png")
     missing = sorted({d["family"] for d in draws} - set(first))
