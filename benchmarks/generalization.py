@@ -10,6 +10,7 @@ evaluation draws (seeds 1000-1019), every draw included, misses too::
     python -m benchmarks.generalization --seeds 1000-1019                          # the report
     python -m benchmarks.generalization --seeds 1000-1019 --report-only
     python -m benchmarks.generalization --ddp --seeds 1000-1005 --out benchmarks/results/generalization_ddp
+    python -m benchmarks.generalization --seeds 1001 --only gravac   # the default again, against draws.csv's fixed runs
 
 Run from the repository root, as root (``benchmarks/netem.py`` puts each rank in its own
 network namespace behind a shaped link).  With ``--ddp`` every run trains under
@@ -584,7 +585,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--seeds", default="1000-1019", help="draws: comma-separated seeds or LO-HI ranges")
     p.add_argument("--out", default=None, help=f"default {os.path.relpath(DEFAULT_OUT)} (with --ddp: _ddp)")
     p.add_argument("--ddp", action="store_true", help="DDP comm hooks instead of Horovod")
-    p.add_argument("--only", help="comma-separated configurations to run (the rest on disk are reused)")
+    p.add_argument("--only", help="comma-separated configurations to run (the rest on disk, or archived in "
+                                  "draws.csv, are reused)")
     p.add_argument("--accuracy-only", action="store_true",
                    help="only the fixed configurations' full runs (localhost; no timing or adaptive runs)")
     p.add_argument("--diagnose", action="store_true", help="record raw-gradient statistics in the Top-k 10x run")

@@ -60,3 +60,16 @@ def test_a_workload_without_a_recorded_target_needs_one(monkeypatch, tmp_path):
     monkeypatch.setattr(D, "recorded_target", lambda w, rate: None)
     with pytest.raises(SystemExit):
         D.main(["--against", "HEAD", "--workloads", "cnn1d-long", "--out", str(tmp_path)])
+
+
+def test_the_revision_tree_gets_this_checkouts_built_kernels_when_their_source_is_the_same(tmp_path):
+    """The kernels are an untracked build output: a revision's worktree has none, and would run
+    the slower fallback beside this checkout's."""
+    if subprocess.run(["git", "-C", D.ROOT, "diff", "--quiet", "HEAD", "--", "horovod_gravac/_native"]).returncode:
+        pytest.skip("the kernel source has uncommitted changes")
+    import glob
+    built = sorted(os.path.basename(p) for p in glob.glob(os.path.join(D.ROOT, "horovod_gravac", "_kernels*.so")))
+    tree = tmp_path / "tree"
+    (tree / "horovod_gravac").mkdir(parents=True)
+    D.share_kernels("HEAD", str(tree))
+    assert sorted(os.listdir(tree / "horovod_gravac")) == built
