@@ -274,8 +274,8 @@ def with_adaptive_runs(draw: dict, runs: str, ddp: bool) -> dict:
     again (``--only gravac``, say, after its rule changed) and judged against the archived
     fixed configurations and target.  Its commit becomes the draw's ``ran_at``."""
     for name, (_, kind) in configs(ddp).items():
-        r = load(os.path.join(runs, name))
-        if kind != "adaptive" or r is None:
+        r = load(os.path.join(runs, name)) if kind == "adaptive" else None   # (fixed rows stay archived)
+        if r is None:
             continue
         draw["rows"][name] = run_row(r, A.curve(r), draw["target"], draw["metric"])
         if name == DEFAULT:

@@ -1,5 +1,6 @@
 """benchmarks/default_ab.py: which tree each run comes from, in which order, and the summary
 of a run (no training, no network)."""
+import glob
 import os
 import subprocess
 
@@ -67,7 +68,6 @@ def test_the_revision_tree_gets_this_checkouts_built_kernels_when_their_source_i
     the slower fallback beside this checkout's."""
     if subprocess.run(["git", "-C", D.ROOT, "diff", "--quiet", "HEAD", "--", "horovod_gravac/_native"]).returncode:
         pytest.skip("the kernel source has uncommitted changes")
-    import glob
     built = sorted(os.path.basename(p) for p in glob.glob(os.path.join(D.ROOT, "horovod_gravac", "_kernels*.so")))
     tree = tmp_path / "tree"
     (tree / "horovod_gravac").mkdir(parents=True)
