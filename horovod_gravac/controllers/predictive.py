@@ -93,6 +93,16 @@ failure in the run.  The phase ends as training goes on (the gradient's noise gr
 its signal as the loss falls), and the doubling keeps a run whose gradient stays signal-rich
 to a few failed intervals in all, however long it is.  A rung measured lossless is exempt:
 it sends all it owes and delays nothing (the hold's own argument above).
+
+The failure also measured how much the CF raised the cosine: the failed interval's mean
+against the window mean at theta_min that the climb was decided on (``signal_rise``, at
+least 1).  The wait ends early once the cosine at theta_min, read over a whole window after
+the failure, times that rise is under the threshold: the failed CF would then leave the
+gradient mostly noise, so the phase that failed it has passed.  The release frees the
+failed CF and the rungs below it; the rungs above stay waiting, since what they would do
+to the cosine was not measured.  Where theta_min's own cosine stays near the threshold (a
+model that only theta_min keeps), the rise read is small and the release comes no sooner
+than the wait's end would.
 """
 from __future__ import annotations
 
@@ -140,11 +150,14 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
     predicted at the last check, s), ``kept`` (the CFs that passed a check and have not failed
     since: judged against ``keep_epsilon`` rather than epsilon), ``coherence_failures`` (the
     checks that failed a CF on the coherence, each making every rung above theta_min wait
-    longer than the last), ``coherence`` and
+    longer than the last), ``signal_rise`` (how many times the last such failure's interval
+    raised the cosine over theta_min's reading, while its wait runs and may be released; else
+    None), ``coherence`` and
     ``signal_share`` (the last window's mean coherence and the rank-averaged gradient's signal
     share from it, at the last check), ``interval_coherence`` (the mean over the steps of the
     interval the last check judged), ``hold_threshold`` and ``holding``.  A check's ``history``
-    entry says ``delayed_signal`` when the CF it judged failed on the coherence."""
+    entry says ``delayed_signal`` when the CF it judged failed on the coherence, and
+    ``signal_wait_released`` when it ended that failure's wait early."""
 
     needs_accumulation = True
     tracks_delivery = True
@@ -176,6 +189,9 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._retry_at: Dict[float, int] = {}   # CF -> first step it may be sent again
         self._failures: Dict[float, int] = {}   # CF -> failed checks since it last passed
         self.coherence_failures = 0   # checks in this run that failed a CF on the coherence
+        self.signal_rise: Optional[float] = None   # the last coherence failure's rise (module doc)
+        self._theta_min_coherence: Optional[float] = None   # the window mean at the last check of theta_min
+        self._signal_wait: Optional[dict] = None   # that failure's CF, step and the waits it replaced
         self._interval: List[Tuple[float, float]] = []   # (step time, comm time) since the last check
         self.comm_model = None          # the optimizer's exchange.CommModel (set_comm_model)
         self.dense_by_cost = False      # sending dense because it is predicted fastest ...
@@ -361,16 +377,44 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._failures[cf] = n
         self._retry_at[cf] = self.step + 1 + self._retry_wait(n)
 
-    def _failed_on_coherence(self, cf: float) -> None:
+    def _failed_on_coherence(self, cf: float, interval_coherence: Optional[float]) -> None:
         """``cf`` turned the gradient mostly signal: it fails, and every lossy rung above
-        theta_min waits with it, for a wait that doubles per coherence failure in the run
-        (module doc)."""
+        theta_min waits with it, for a wait that doubles per coherence failure in the run;
+        the rise it caused in the cosine decides when the wait may end early (module doc)."""
+        before = {rung: self._retry_at.get(rung, 0) for rung in self.rungs}
         self._failed(cf)
         self.coherence_failures += 1
         until = self.step + 1 + self._retry_wait(self.coherence_failures)
         for rung in self.rungs:
             if rung > self.theta_min0 * (1 + 1e-9) and self.delivered_gain.get(rung, 0.0) < LOSSLESS_GAIN:
                 self._retry_at[rung] = max(self._retry_at.get(rung, 0), until)
+        reference = self._theta_min_coherence
+        self.signal_rise = (max(1.0, interval_coherence / reference)
+                            if interval_coherence is not None and reference is not None and reference > 0 else None)
+        # what the release gives back: the wait each rung up to cf had before this failure
+        # (a rung whose wait something else changes later keeps that one)
+        restore = {rung: (before[rung], self._retry_at[rung]) for rung in self.rungs
+                   if rung <= cf and self._retry_at.get(rung, 0) != before[rung]}
+        self._signal_wait = None if self.signal_rise is None else {"cf": cf, "step": self.step, "until": until,
+                                                                   "restore": restore}
+
+    def _signal_wait_over(self) -> bool:
+        """Whether the last coherence failure's wait ends now: a whole window read at theta_min
+        since the failure, and its mean cosine times ``signal_rise`` under the threshold.  The
+        failed CF and the rungs below it then get back the waits they had before it (module
+        doc)."""
+        wait = self._signal_wait
+        if wait is not None and self.step >= wait["until"]:   # the wait ran its course
+            self._signal_wait = self.signal_rise = None
+            return False
+        if wait is None or self.step - wait["step"] < self.window or self.coherence is None \
+                or self.coherence * self.signal_rise >= self.hold_threshold:
+            return False
+        for rung, (before, set_to) in wait["restore"].items():
+            if self._retry_at.get(rung, 0) == set_to:
+                self._retry_at[rung] = before
+        self._signal_wait = self.signal_rise = None
+        return True
 
     def judged_gain(self, gain: float, steps: int) -> float:
         """``gain`` measured over an interval of ``steps`` steps, read as over a full window:
@@ -397,6 +441,10 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         delayed = gain is not None and not lossless and (self._signal_seen or self._delaying_signal(readings))
         self._signal_seen = False
         signal_rich = self._signal_rich()   # after _delaying_signal, which reads the last check's hold
+        released = False
+        if sent == self.theta_min0 and not delayed:
+            self._theta_min_coherence = self.coherence
+            released = not signal_rich and self._signal_wait_over()
         threshold = self.keep_epsilon if sent in self.kept else self.epsilon
         move, send, by_cost = "stay", sent, False
         if gain is None:   # a non-finite step ended the interval: the same CF again
@@ -418,7 +466,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         else:
             self.delivered_gain[sent] = gain
             if delayed:   # the CF turned the gradient mostly signal: it fails, theta_min holds
-                self._failed_on_coherence(sent)
+                self._failed_on_coherence(sent, self.interval_coherence)
             else:
                 self._failures.pop(sent, None)
             if delayed:
@@ -445,7 +493,8 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
                            judged_gain=gain, interval_steps=steps,
                            compute_time=self.compute_time, predicted_step=dict(self.predicted_step),
                            coherence=self.coherence, signal_share=self.signal_share, threshold=threshold,
-                           interval_coherence=self.interval_coherence, delayed_signal=delayed)
+                           interval_coherence=self.interval_coherence, delayed_signal=delayed,
+                           signal_wait_released=released, signal_rise=self.signal_rise)
 
     # -- checkpointing ----------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -454,7 +503,12 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
                       "compute_time": self.compute_time, "predicted_step": dict(self.predicted_step),
                       "next_check": self._next_check, "interval_start": self._interval_start, "checks": self._checks,
                       "retry_at_step": dict(self._retry_at), "failures": dict(self._failures),
-                      "coherence_failures": self.coherence_failures,
+                      "coherence_failures": self.coherence_failures, "signal_rise": self.signal_rise,
+                      "theta_min_coherence": self._theta_min_coherence,
+                      "signal_wait": None if self._signal_wait is None else
+                      {"cf": self._signal_wait["cf"], "step": self._signal_wait["step"],
+                       "until": self._signal_wait["until"],
+                       "restore": {k: list(v) for k, v in self._signal_wait["restore"].items()}},
                       "interval_coherence": list(self._interval_coherence), "signal_seen": self._signal_seen,
                       "interval": list(self._interval), "coherence": self.coherence,
                       "signal_share": self.signal_share,
@@ -480,6 +534,12 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._signal_seen = bool(state.get("signal_seen", False))
         self._failures = {float(k): int(v) for k, v in state["failures"].items()}
         self.coherence_failures = int(state.get("coherence_failures", 0))
+        self.signal_rise = state.get("signal_rise")   # a checkpoint from before the release: none
+        self._theta_min_coherence = state.get("theta_min_coherence")
+        wait = state.get("signal_wait")
+        self._signal_wait = None if wait is None else {
+            "cf": float(wait["cf"]), "step": int(wait["step"]), "until": int(wait["until"]),
+            "restore": {float(k): (int(v[0]), int(v[1])) for k, v in wait["restore"].items()}}
         self._interval = [tuple(x) for x in state["interval"]]
         self.coherence = state.get("coherence")
         self.signal_share = state.get("signal_share")

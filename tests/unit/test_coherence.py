@@ -179,6 +179,60 @@ def test_a_coherence_failure_leaves_a_rung_measured_lossless_free():
     assert all(ctrl._retry_at[cf] > ctrl.step for cf in ctrl.rungs if cf not in (10.0, 20.0))
 
 
+def test_the_wait_ends_early_once_the_rise_the_failed_cf_caused_would_stay_under_the_threshold():
+    """160x raised the cosine from 0.1 at theta_min to 0.6 (a rise of 6): once theta_min's own
+    cosine, over a window after the failure, reads 0.05 (0.3 with the rise), 160x and the
+    rungs below it are free again; the rungs above wait on."""
+    ctrl = _gravac()
+    _observe(ctrl, 25, coherence_value=0.1)
+    assert ctrl.decision.send_cf == 160.0
+    _observe(ctrl, 25, coherence_value=0.6)   # fails at step 50
+    check = ctrl.history[-1]
+    assert check["step"] == 50 and check["delayed_signal"] and check["evaluated_cf"] == 160.0
+    assert ctrl.signal_rise == pytest.approx(6.0) and check["signal_rise"] == ctrl.signal_rise
+    until = 50 + 1 + 4 * 100
+    sent = _observe(ctrl, 200, coherence_value=0.05)
+    released = [h for h in ctrl.history if h.get("signal_wait_released")]
+    assert [h["step"] for h in released] == [175]   # the first check with a window read after step 50
+    assert set(sent[:125]) == {10.0} and max(sent) == 160.0 and ctrl.signal_rise is None
+    assert all(ctrl._retry_at.get(cf, 0) <= 175 for cf in ctrl.rungs if cf <= 160.0)
+    assert all(ctrl._retry_at[cf] == until for cf in ctrl.rungs if cf > 160.0)
+
+
+def test_a_small_rise_keeps_the_wait_where_theta_min_itself_stays_near_the_threshold():
+    """0.3 at theta_min, 0.4 under the failed CF: a rise of 4/3, so 0.28 at theta_min (0.37
+    with it) releases nothing and the wait runs its course; 0.2 (0.27) would have."""
+    ctrl = _gravac(theta_max=160)
+    _observe(ctrl, 50, coherence_value=0.3)
+    _observe(ctrl, 30, coherence_value=0.4)
+    assert ctrl.history[-1]["delayed_signal"] and ctrl.signal_rise == pytest.approx(4 / 3)
+    sent = _observe(ctrl, 400, coherence_value=0.28)
+    assert set(sent) == {10.0} and not any(h.get("signal_wait_released") for h in ctrl.history)
+    early = _gravac(theta_max=160)
+    _observe(early, 50, coherence_value=0.3)
+    _observe(early, 30, coherence_value=0.4)
+    sent = _observe(early, 400, coherence_value=0.2)
+    assert max(sent) > 10.0 and any(h.get("signal_wait_released") for h in early.history)
+
+
+def test_a_wait_that_may_end_early_survives_a_checkpoint():
+    ctrl = _gravac()
+    _observe(ctrl, 25, coherence_value=0.1)
+    _observe(ctrl, 25, coherence_value=0.6)
+    _observe(ctrl, 40, coherence_value=0.05)
+    state = ctrl.state_dict()
+    copy = _gravac()
+    copy.load_state_dict(state)
+    assert copy.signal_rise == ctrl.signal_rise and copy._signal_wait == ctrl._signal_wait
+    a, b = _observe(ctrl, 200, coherence_value=0.05), _observe(copy, 200, coherence_value=0.05)
+    assert a == b and list(ctrl.history)[-3:] == list(copy.history)[-3:] and max(a) == 160.0
+    for key in ("signal_rise", "theta_min_coherence", "signal_wait"):   # a checkpoint from before the release
+        del state[key]
+    old = _gravac()
+    old.load_state_dict(state)
+    assert set(_observe(old, 200, coherence_value=0.05)) == {10.0}   # the wait runs its course
+
+
 def test_a_cf_that_leaves_the_gradient_noise_and_theta_min_itself_are_never_failed_for_it():
     ctrl = _gravac(theta_max=160)
     _observe(ctrl, 150, coherence_value=0.3)   # under 1/3: kept, checked a window apart
