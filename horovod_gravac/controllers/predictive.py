@@ -102,7 +102,9 @@ gradient mostly noise, so the phase that failed it has passed.  The release free
 failed CF and the rungs below it; the rungs above stay waiting, since what they would do
 to the cosine was not measured.  Where theta_min's own cosine stays near the threshold (a
 model that only theta_min keeps), the rise read is small and the release comes no sooner
-than the wait's end would.
+than the wait's end would.  Only the run's first coherence failure can be released this
+way: a second one shows that the phase came back after a wait had ended, which one reading
+of the rise cannot foresee, so from then on the doubled waits run their course.
 """
 from __future__ import annotations
 
@@ -150,7 +152,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
     predicted at the last check, s), ``kept`` (the CFs that passed a check and have not failed
     since: judged against ``keep_epsilon`` rather than epsilon), ``coherence_failures`` (the
     checks that failed a CF on the coherence, each making every rung above theta_min wait
-    longer than the last), ``signal_rise`` (how many times the last such failure's interval
+    longer than the last), ``signal_rise`` (how many times the run's first such failure
     raised the cosine over theta_min's reading, while its wait runs and may be released; else
     None), ``coherence`` and
     ``signal_share`` (the last window's mean coherence and the rank-averaged gradient's signal
@@ -395,6 +397,8 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         # (a rung whose wait something else changes later keeps that one)
         restore = {rung: (before[rung], self._retry_at[rung]) for rung in self.rungs
                    if rung <= cf and self._retry_at.get(rung, 0) != before[rung]}
+        if self.coherence_failures > 1:   # the phase came back: no early end (module doc)
+            self.signal_rise = None
         self._signal_wait = None if self.signal_rise is None else {"cf": cf, "step": self.step, "until": until,
                                                                    "restore": restore}
 

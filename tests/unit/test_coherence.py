@@ -215,6 +215,23 @@ def test_a_small_rise_keeps_the_wait_where_theta_min_itself_stays_near_the_thres
     assert max(sent) > 10.0 and any(h.get("signal_wait_released") for h in early.history)
 
 
+def test_only_the_runs_first_coherence_failure_may_end_its_wait_early():
+    """After a second coherence failure the doubled wait runs its course, however low the
+    cosine at theta_min reads."""
+    ctrl = _gravac()
+    _observe(ctrl, 25, coherence_value=0.1)
+    _observe(ctrl, 25, coherence_value=0.6)   # the first failure, at step 50
+    _observe(ctrl, 125, coherence_value=0.05)   # released at step 175, 160x sent again
+    assert ctrl.decision.send_cf == 160.0
+    _observe(ctrl, 25, coherence_value=0.6)   # the second failure, at step 200
+    check = ctrl.history[-1]
+    assert check["delayed_signal"] and ctrl.coherence_failures == 2 and ctrl.signal_rise is None
+    until = check["step"] + 1 + 2 * 4 * 100
+    sent = _observe(ctrl, 900, coherence_value=0.01)
+    assert set(sent[:until - check["step"] - 1]) == {10.0} and max(sent) > 10.0
+    assert [h["step"] for h in ctrl.history if h.get("signal_wait_released")] == [175]
+
+
 def test_a_wait_that_may_end_early_survives_a_checkpoint():
     ctrl = _gravac()
     _observe(ctrl, 25, coherence_value=0.1)
