@@ -191,7 +191,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._retry_at: Dict[float, int] = {}   # CF -> first step it may be sent again
         self._failures: Dict[float, int] = {}   # CF -> failed checks since it last passed
         self.coherence_failures = 0   # checks in this run that failed a CF on the coherence
-        self.signal_rise: Optional[float] = None   # the last coherence failure's rise (module doc)
+        self.signal_rise: Optional[float] = None   # the first coherence failure's rise, while its wait may end early
         self._theta_min_coherence: Optional[float] = None   # the window mean at the last check of theta_min
         self._signal_wait: Optional[dict] = None   # that failure's CF, step and the waits it replaced
         self._interval: List[Tuple[float, float]] = []   # (step time, comm time) since the last check
@@ -391,14 +391,13 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
             if rung > self.theta_min0 * (1 + 1e-9) and self.delivered_gain.get(rung, 0.0) < LOSSLESS_GAIN:
                 self._retry_at[rung] = max(self._retry_at.get(rung, 0), until)
         reference = self._theta_min_coherence
-        self.signal_rise = (max(1.0, interval_coherence / reference)
-                            if interval_coherence is not None and reference is not None and reference > 0 else None)
+        first = self.coherence_failures == 1   # after a second, the phase came back: no early end (module doc)
+        self.signal_rise = (max(1.0, interval_coherence / reference) if first and interval_coherence is not None
+                            and reference is not None and reference > 0 else None)
         # what the release gives back: the wait each rung up to cf had before this failure
         # (a rung whose wait something else changes later keeps that one)
         restore = {rung: (before[rung], self._retry_at[rung]) for rung in self.rungs
                    if rung <= cf and self._retry_at.get(rung, 0) != before[rung]}
-        if self.coherence_failures > 1:   # the phase came back: no early end (module doc)
-            self.signal_rise = None
         self._signal_wait = None if self.signal_rise is None else {"cf": cf, "step": self.step, "until": until,
                                                                    "restore": restore}
 
