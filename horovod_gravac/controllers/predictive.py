@@ -191,9 +191,8 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._retry_at: Dict[float, int] = {}   # CF -> first step it may be sent again
         self._failures: Dict[float, int] = {}   # CF -> failed checks since it last passed
         self.coherence_failures = 0   # checks in this run that failed a CF on the coherence
-        self.signal_rise: Optional[float] = None   # the first coherence failure's rise, while its wait may end early
         self._theta_min_coherence: Optional[float] = None   # the window mean at the last check of theta_min
-        self._signal_wait: Optional[dict] = None   # that failure's CF, step and the waits it replaced
+        self._signal_wait: Optional[dict] = None   # the first coherence failure's rise, step and the waits it replaced
         self._interval: List[Tuple[float, float]] = []   # (step time, comm time) since the last check
         self.comm_model = None          # the optimizer's exchange.CommModel (set_comm_model)
         self.dense_by_cost = False      # sending dense because it is predicted fastest ...
@@ -204,6 +203,12 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         """The optimizer's :class:`~horovod_gravac.exchange.CommModel`: which exchange each CF's
         buckets take at this world size, and their modelled cost (module doc)."""
         self.comm_model = model
+
+    @property
+    def signal_rise(self) -> Optional[float]:
+        """How many times the run's first coherence failure raised the cosine over theta_min's
+        reading, while its wait may still end early; else None (module doc)."""
+        return None if self._signal_wait is None else self._signal_wait["rise"]
 
     def set_world_size(self, n: int) -> None:
         if max(1, int(n)) != self.world_size:   # times measured in another world predict nothing here
@@ -383,7 +388,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         """``cf`` turned the gradient mostly signal: it fails, and every lossy rung above
         theta_min waits with it, for a wait that doubles per coherence failure in the run;
         the rise it caused in the cosine decides when the wait may end early (module doc)."""
-        before = {rung: self._retry_at.get(rung, 0) for rung in self.rungs}
+        before = {rung: self._retry_at.get(rung, 0) for rung in self.rungs if rung <= cf}
         self._failed(cf)
         self.coherence_failures += 1
         until = self.step + 1 + self._retry_wait(self.coherence_failures)
@@ -391,32 +396,33 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
             if rung > self.theta_min0 * (1 + 1e-9) and self.delivered_gain.get(rung, 0.0) < LOSSLESS_GAIN:
                 self._retry_at[rung] = max(self._retry_at.get(rung, 0), until)
         reference = self._theta_min_coherence
-        first = self.coherence_failures == 1   # after a second, the phase came back: no early end (module doc)
-        self.signal_rise = (max(1.0, interval_coherence / reference) if first and interval_coherence is not None
-                            and reference is not None and reference > 0 else None)
-        # what the release gives back: the wait each rung up to cf had before this failure
-        # (a rung whose wait something else changes later keeps that one)
-        restore = {rung: (before[rung], self._retry_at[rung]) for rung in self.rungs
-                   if rung <= cf and self._retry_at.get(rung, 0) != before[rung]}
-        self._signal_wait = None if self.signal_rise is None else {"cf": cf, "step": self.step, "until": until,
-                                                                   "restore": restore}
+        self._signal_wait = None
+        # after a second failure the phase came back: no early end (module doc)
+        if self.coherence_failures == 1 and interval_coherence is not None and reference is not None \
+                and reference > 0:
+            # what the release gives back: the wait each rung up to cf had before this failure
+            # (a rung whose wait something else changes later keeps that one)
+            restore = {rung: (at, self._retry_at[rung]) for rung, at in before.items()
+                       if self._retry_at.get(rung, 0) != at}
+            self._signal_wait = {"rise": max(1.0, interval_coherence / reference), "step": self.step,
+                                 "until": until, "restore": restore}
 
-    def _signal_wait_over(self) -> bool:
-        """Whether the last coherence failure's wait ends now: a whole window read at theta_min
-        since the failure, and its mean cosine times ``signal_rise`` under the threshold.  The
-        failed CF and the rungs below it then get back the waits they had before it (module
-        doc)."""
+    def _end_signal_wait_early(self) -> bool:
+        """End the first coherence failure's wait now, if a whole window was read at theta_min
+        since the failure and its mean cosine times ``signal_rise`` is under the threshold: the
+        failed CF and the rungs below it get back the waits they had before it.  True when it
+        ended (module doc)."""
         wait = self._signal_wait
         if wait is not None and self.step >= wait["until"]:   # the wait ran its course
-            self._signal_wait = self.signal_rise = None
+            self._signal_wait = None
             return False
         if wait is None or self.step - wait["step"] < self.window or self.coherence is None \
-                or self.coherence * self.signal_rise >= self.hold_threshold:
+                or self.coherence * wait["rise"] >= self.hold_threshold:
             return False
         for rung, (before, set_to) in wait["restore"].items():
             if self._retry_at.get(rung, 0) == set_to:
                 self._retry_at[rung] = before
-        self._signal_wait = self.signal_rise = None
+        self._signal_wait = None
         return True
 
     def judged_gain(self, gain: float, steps: int) -> float:
@@ -445,9 +451,9 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._signal_seen = False
         signal_rich = self._signal_rich()   # after _delaying_signal, which reads the last check's hold
         released = False
-        if sent == self.theta_min0 and not delayed:
+        if sent == self.theta_min0:   # (theta_min never fails on the coherence)
             self._theta_min_coherence = self.coherence
-            released = not signal_rich and self._signal_wait_over()
+            released = not signal_rich and self._end_signal_wait_early()
         threshold = self.keep_epsilon if sent in self.kept else self.epsilon
         move, send, by_cost = "stay", sent, False
         if gain is None:   # a non-finite step ended the interval: the same CF again
@@ -506,12 +512,10 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
                       "compute_time": self.compute_time, "predicted_step": dict(self.predicted_step),
                       "next_check": self._next_check, "interval_start": self._interval_start, "checks": self._checks,
                       "retry_at_step": dict(self._retry_at), "failures": dict(self._failures),
-                      "coherence_failures": self.coherence_failures, "signal_rise": self.signal_rise,
+                      "coherence_failures": self.coherence_failures,
                       "theta_min_coherence": self._theta_min_coherence,
                       "signal_wait": None if self._signal_wait is None else
-                      {"cf": self._signal_wait["cf"], "step": self._signal_wait["step"],
-                       "until": self._signal_wait["until"],
-                       "restore": {k: list(v) for k, v in self._signal_wait["restore"].items()}},
+                      dict(self._signal_wait, restore={k: list(v) for k, v in self._signal_wait["restore"].items()}),
                       "interval_coherence": list(self._interval_coherence), "signal_seen": self._signal_seen,
                       "interval": list(self._interval), "coherence": self.coherence,
                       "signal_share": self.signal_share,
@@ -537,11 +541,10 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         self._signal_seen = bool(state.get("signal_seen", False))
         self._failures = {float(k): int(v) for k, v in state["failures"].items()}
         self.coherence_failures = int(state.get("coherence_failures", 0))
-        self.signal_rise = state.get("signal_rise")   # a checkpoint from before the release: none
         self._theta_min_coherence = state.get("theta_min_coherence")
-        wait = state.get("signal_wait")
+        wait = state.get("signal_wait")   # a checkpoint from before the early end: none pending
         self._signal_wait = None if wait is None else {
-            "cf": float(wait["cf"]), "step": int(wait["step"]), "until": int(wait["until"]),
+            "rise": float(wait["rise"]), "step": int(wait["step"]), "until": int(wait["until"]),
             "restore": {float(k): (int(v[0]), int(v[1])) for k, v in wait["restore"].items()}}
         self._interval = [tuple(x) for x in state["interval"]]
         self.coherence = state.get("coherence")
