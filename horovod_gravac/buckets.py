@@ -78,7 +78,7 @@ class Bucket:
     def write_grads(self, aggregated: torch.Tensor) -> None:
         """The combined gradient (flat float32, or float64) into each parameter's ``grad``: one
         multi-tensor copy for the bucket (``torch._foreach_copy_``), since one ``copy_``
-        per parameter is one kernel launch each on a GPU (314 a step for ResNet101)."""
+        per parameter is one kernel launch each on a GPU, a launch per tensor on every step."""
         dense_grads, parts = [], []
         for p, part in zip(self.params, views_like(aggregated, self.params, self.offsets)):
             if not p.requires_grad:
@@ -165,7 +165,7 @@ def views_like(flat: torch.Tensor, like, offsets) -> List[torch.Tensor]:
     as long as its tensor.  A bucket's offsets tile its buffer, so one C++ call
     (``torch._utils._unflatten_dense_tensors``, as DDP's buckets use) makes every view: a
     slice and a view per parameter from Python is two dispatched operations each, host time
-    on every step (628 for ResNet101's 314 tensors)."""
+    on every step, twice the model's tensor count."""
     # (offsets that start at 0 and end at the buffer's end tile it: they are a bucket's)
     if offsets and offsets[0][0] == 0 and offsets[-1][1] == flat.numel() and len(like) == len(offsets) \
             and not any(t is None for t in like):
