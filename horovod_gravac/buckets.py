@@ -78,7 +78,7 @@ class Bucket:
     def write_grads(self, aggregated: torch.Tensor) -> None:
         """The combined gradient (flat float32, or float64) into each parameter's ``grad``: one
         multi-tensor copy for the bucket (``torch._foreach_copy_``), since one ``copy_``
-        per parameter is one kernel launch each on a GPU, a launch per tensor on every step."""
+        per parameter would be a GPU kernel launch per tensor on every step."""
         dense_grads, parts = [], []
         for p, part in zip(self.params, views_like(aggregated, self.params, self.offsets)):
             if not p.requires_grad:

@@ -226,9 +226,10 @@ def _zeros_first(nonzero: np.ndarray, count: int) -> np.ndarray:
 
     They are the first positions missing from ``nonzero``: the positions below the smallest
     ``span`` with ``count`` zeros under it (a binary search on ``nonzero``), less the nonzero
-    ones.  That costs O(span) and never reads the tensor; scanning the tensor for its zeros
-    took 3.7 ms of exact Top-k's 10-11 ms at CF 10 on an embedding-like 6.5M-entry bucket
-    (2 % of its rows nonzero, ``benchmarks/sparse_buckets.py``)."""
+    ones.  That costs O(span) and never reads the tensor.  Scanning the tensor for its zeros
+    would be one more pass over the whole bucket, a large share of exact Top-k's own time on
+    the buckets that need padding, whose entries are mostly zeros (an embedding table's
+    gradient; docs/benchmarks.md, "Compressors", times such buckets)."""
     position = nonzero.dtype.type   # (a Python int would make searchsorted copy an int32 array)
     lo, hi = count, count + nonzero.size   # zeros below lo <= count <= zeros below hi
     while lo < hi:
