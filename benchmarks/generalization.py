@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import statistics
@@ -265,7 +266,9 @@ def archived_draw(seed: int, out: str) -> Optional[dict]:
     return {"seed": seed, "family": first["family"], "workload": first["workload"], "metric": W.draw(seed).metric,
             "target": num(first["target"]), "dense_final": rows.get("dense", {}).get("final"),
             "comm_share": num(first["comm_share"]), "best_static": best_static(rows), "timings_ms": {},
-            "rows": rows, "ran_at": first.get("ran_at") or "unknown"}
+            "rows": rows, "ran_at": first.get("ran_at") or "unknown",
+            "trial_ratios": next((json.loads(r["trial_loss_ratios"]) for r in mine
+                                  if r["config"] == DEFAULT and r.get("trial_loss_ratios")), None)}
 
 
 def with_adaptive_runs(draw: dict, runs: str, ddp: bool) -> dict:
@@ -344,21 +347,34 @@ def trial_readings(draws: List[dict], out: str) -> List[float]:
     """For each trial the default passed and then kept for a full window at the same CF: that
     window's loss (1 - its window gain) over the trial's judged loss.  A trial is the check a
     probe interval after a move to a CF (``controllers/predictive.py``); its judged gain reads
-    the interval's loss as a window's, and ``keep_epsilon`` allows for how low that reads."""
+    the interval's loss as a window's, and ``keep_epsilon`` allows for how low that reads.
+    Read from the default's run on disk, else as ``draws.csv`` archived them (``trial_ratios``
+    of :func:`archived_draw`); a draw with neither adds none."""
     out_ratios = []
-    for d in draws:   # the summary alone: the history is all this reads
-        summary = runlog.read_json(os.path.join(draw_dir(out, d["seed"]), DEFAULT, runlog.SUMMARY))
-        window = W.draw(d["seed"]).window
-        history = summary.get("controller_history") or []
-        for before, trial, after in zip(history, history[1:], history[2:]):
-            cf = trial["evaluated_cf"]
-            judged = trial.get("judged_gain")
-            if before["evaluated_cf"] == cf or trial["move"] != "stay" or trial.get("delayed_signal") \
-                    or judged is None or judged >= 1.0 or trial["interval_steps"] >= window:
-                continue   # not a passed, lossy trial of a CF just moved to
-            if after["evaluated_cf"] == cf and after["interval_steps"] == window \
-                    and after.get("window_gain") is not None and not after.get("delayed_signal"):
-                out_ratios.append((1.0 - after["window_gain"]) / (1.0 - judged))
+    for d in draws:
+        ratios = draw_trial_readings(d["seed"], out)
+        out_ratios += ratios if ratios is not None else (d.get("trial_ratios") or [])
+    return out_ratios
+
+
+def draw_trial_readings(seed: int, out: str) -> Optional[List[float]]:
+    """:func:`trial_readings` of draw ``seed``'s default run on disk; None where it has none."""
+    run = os.path.join(draw_dir(out, seed), DEFAULT)
+    if not runlog.is_finished(run):
+        return None
+    summary = runlog.read_json(os.path.join(run, runlog.SUMMARY))   # the summary alone: the history is all this reads
+    window = W.draw(seed).window
+    history = summary.get("controller_history") or []
+    out_ratios = []
+    for before, trial, after in zip(history, history[1:], history[2:]):
+        cf = trial["evaluated_cf"]
+        judged = trial.get("judged_gain")
+        if before["evaluated_cf"] == cf or trial["move"] != "stay" or trial.get("delayed_signal") \
+                or judged is None or judged >= 1.0 or trial["interval_steps"] >= window:
+            continue   # not a passed, lossy trial of a CF just moved to
+        if after["evaluated_cf"] == cf and after["interval_steps"] == window \
+                and after.get("window_gain") is not None and not after.get("delayed_signal"):
+            out_ratios.append((1.0 - after["window_gain"]) / (1.0 - judged))
     return out_ratios
 
 
@@ -367,8 +383,9 @@ def trials_paragraph(draws: List[dict], out: str) -> List[str]:
     if len(ratios) < 4:
         return []
     q1, med, q3 = statistics.quantiles(ratios, n=4)
-    # (a draw read back from draws.csv has no history: only the runs on disk count)
-    read = [d["seed"] for d in draws if runlog.is_finished(os.path.join(draw_dir(out, d["seed"]), DEFAULT))]
+    # (a draw archived before draws.csv kept its readings has none: only the others count)
+    read = [d["seed"] for d in draws
+            if draw_trial_readings(d["seed"], out) is not None or d.get("trial_ratios") is not None]
     return ["## A trial's judged gain against the window after it", "",
             f"Over the {len(ratios)} trials `{DEFAULT}` passed and then kept for a full window at the "
             f"same CF (draws {_ranges(read)}), that window's loss (1 - window gain) was a median {med:.2f}x the trial's judged "
@@ -465,10 +482,19 @@ def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int],
                          "config": n, **r,
                          "vs_best_static": ratio(r["tta_s"], d["rows"].get(d["best_static"], {}).get("tta_s")
                                                  if d["best_static"] else None),
-                         "vs_accordion": ratio(r["tta_s"], d["rows"].get("accordion", {}).get("tta_s"))})
+                         "vs_accordion": ratio(r["tta_s"], d["rows"].get("accordion", {}).get("tta_s")),
+                         **({"trial_loss_ratios": _archive_ratios(d, out)} if n == DEFAULT and not ddp else {})})
     rows = sorted(kept_rows(out, {d["seed"] for d in draws}) + flat, key=lambda r: int(r["seed"]))   # (stable)
     A.write_csv(rows, os.path.join(out, "draws.csv"))
     log(f"wrote {os.path.join(out, 'results.md')}")
+
+
+def _archive_ratios(d: dict, out: str) -> str:
+    """The default's trial readings of draw ``d`` as ``draws.csv`` keeps them (JSON), so that a
+    report made after its run directories are gone still counts them; "" where none were read."""
+    ratios = draw_trial_readings(d["seed"], out)
+    ratios = ratios if ratios is not None else d.get("trial_ratios")
+    return "" if ratios is None else json.dumps([round(x, 6) for x in ratios])
 
 
 def kept_rows(out: str, seeds: set) -> List[dict]:

@@ -219,6 +219,18 @@ def test_trial_readings_pair_a_passed_trial_with_the_full_window_after_it(tmp_pa
     with open(runs / "gravac" / "summary.json", "w") as f:
         json.dump({"ranks_identical": True, "controller_history": history}, f)
     assert G.trial_readings([{"seed": seed}], str(tmp_path)) == [pytest.approx(2.0)]
+    # draws.csv keeps them, so a report made after the run directories are gone still counts them
+    write_run(runs / "dense", [1] * 8, [90, 95, 98, 98])
+    write_run(runs / "time-dense", [1] * 10, [], step_s=1.0)
+    d = G.analyse_draw(seed, str(tmp_path), ddp=False)
+    G.report([d], str(tmp_path), ddp=False, seeds=[seed])
+    import shutil
+    shutil.rmtree(tmp_path / "runs")
+    back = G.analyse_draw(seed, str(tmp_path), ddp=False)
+    assert back["trial_ratios"] == [pytest.approx(2.0)]
+    assert G.trial_readings([back], str(tmp_path)) == [pytest.approx(2.0)]
+    G.report([back], str(tmp_path), ddp=False, seeds=[seed])   # ... and writes them again
+    assert G.analyse_draw(seed, str(tmp_path), ddp=False)["trial_ratios"] == [pytest.approx(2.0)]
 
 
 @pytest.mark.parametrize("text, seeds", [("1000-1019", list(range(1000, 1020))), ("1001,1003", [1001, 1003]),
