@@ -222,7 +222,8 @@ def analyse_draw(seed: int, out: str, ddp: bool) -> Optional[dict]:
     return {"seed": seed, "family": w.family, "workload": w.describe(), "metric": metric,
             "target": target, "dense_final": scores[-1], "comm_share": share, "best_static": best_static(rows),
             "timings_ms": {k: 1000 * v for k, v in timings.items()}, "rows": rows,
-            "ran_at": _read_commit(os.path.join(runs, DEFAULT, COMMIT_FILE))}
+            "ran_at": _read_commit(os.path.join(runs, DEFAULT, COMMIT_FILE)),
+            "trial_ratios": draw_trial_readings(seed, out)}
 
 
 def run_row(r: dict, times: Optional[List[float]], target: float, metric: str) -> dict:
@@ -275,7 +276,8 @@ def with_adaptive_runs(draw: dict, runs: str, ddp: bool) -> dict:
     """An archived ``draw`` with the adaptive runs now on disk in ``runs`` in place of its
     rows: an adaptive configuration is timed by its own run at the rate, so it can be trained
     again (``--only gravac``, say, after its rule changed) and judged against the archived
-    fixed configurations and target.  Its commit becomes the draw's ``ran_at``."""
+    fixed configurations and target.  Its commit becomes the draw's ``ran_at``, and its trial
+    readings the draw's."""
     for name, (_, kind) in configs(ddp).items():
         r = load(os.path.join(runs, name)) if kind == "adaptive" else None   # (fixed rows stay archived)
         if r is None:
@@ -283,6 +285,7 @@ def with_adaptive_runs(draw: dict, runs: str, ddp: bool) -> dict:
         draw["rows"][name] = run_row(r, A.curve(r), draw["target"], draw["metric"])
         if name == DEFAULT:
             draw["ran_at"] = _read_commit(os.path.join(runs, name, COMMIT_FILE))
+            draw["trial_ratios"] = trial_readings_of_run(os.path.join(runs, name), W.draw(draw["seed"]).window)
     return draw
 
 
@@ -348,22 +351,26 @@ def trial_readings(draws: List[dict], out: str) -> List[float]:
     window's loss (1 - its window gain) over the trial's judged loss.  A trial is the check a
     probe interval after a move to a CF (``controllers/predictive.py``); its judged gain reads
     the interval's loss as a window's, and ``keep_epsilon`` allows for how low that reads.
-    Read from the default's run on disk, else as ``draws.csv`` archived them (``trial_ratios``
-    of :func:`archived_draw`); a draw with neither adds none."""
+    A draw's readings are its ``trial_ratios`` (:func:`analyse_draw`: from the default's run on
+    disk, else as ``draws.csv`` archived them); a draw without that key is read from disk, and
+    one with neither adds none."""
     out_ratios = []
     for d in draws:
-        ratios = draw_trial_readings(d["seed"], out)
-        out_ratios += ratios if ratios is not None else (d.get("trial_ratios") or [])
+        ratios = d["trial_ratios"] if "trial_ratios" in d else draw_trial_readings(d["seed"], out)
+        out_ratios += ratios or []
     return out_ratios
 
 
 def draw_trial_readings(seed: int, out: str) -> Optional[List[float]]:
     """:func:`trial_readings` of draw ``seed``'s default run on disk; None where it has none."""
-    run = os.path.join(draw_dir(out, seed), DEFAULT)
+    return trial_readings_of_run(os.path.join(draw_dir(out, seed), DEFAULT), W.draw(seed).window)
+
+
+def trial_readings_of_run(run: str, window: int) -> Optional[List[float]]:
+    """:func:`trial_readings` of one finished run of the default; None where it is not on disk."""
     if not runlog.is_finished(run):
         return None
     summary = runlog.read_json(os.path.join(run, runlog.SUMMARY))   # the summary alone: the history is all this reads
-    window = W.draw(seed).window
     history = summary.get("controller_history") or []
     out_ratios = []
     for before, trial, after in zip(history, history[1:], history[2:]):
@@ -384,8 +391,7 @@ def trials_paragraph(draws: List[dict], out: str) -> List[str]:
         return []
     q1, med, q3 = statistics.quantiles(ratios, n=4)
     # (a draw archived before draws.csv kept its readings has none: only the others count)
-    read = [d["seed"] for d in draws
-            if draw_trial_readings(d["seed"], out) is not None or d.get("trial_ratios") is not None]
+    read = [d["seed"] for d in draws if d.get("trial_ratios") is not None]
     return ["## A trial's judged gain against the window after it", "",
             f"Over the {len(ratios)} trials `{DEFAULT}` passed and then kept for a full window at the "
             f"same CF (draws {_ranges(read)}), that window's loss (1 - window gain) was a median {med:.2f}x the trial's judged "
@@ -483,17 +489,16 @@ def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int],
                          "vs_best_static": ratio(r["tta_s"], d["rows"].get(d["best_static"], {}).get("tta_s")
                                                  if d["best_static"] else None),
                          "vs_accordion": ratio(r["tta_s"], d["rows"].get("accordion", {}).get("tta_s")),
-                         **({"trial_loss_ratios": _archive_ratios(d, out)} if n == DEFAULT and not ddp else {})})
+                         **({"trial_loss_ratios": _archive_ratios(d)} if n == DEFAULT and not ddp else {})})
     rows = sorted(kept_rows(out, {d["seed"] for d in draws}) + flat, key=lambda r: int(r["seed"]))   # (stable)
     A.write_csv(rows, os.path.join(out, "draws.csv"))
     log(f"wrote {os.path.join(out, 'results.md')}")
 
 
-def _archive_ratios(d: dict, out: str) -> str:
+def _archive_ratios(d: dict) -> str:
     """The default's trial readings of draw ``d`` as ``draws.csv`` keeps them (JSON), so that a
     report made after its run directories are gone still counts them; "" where none were read."""
-    ratios = draw_trial_readings(d["seed"], out)
-    ratios = ratios if ratios is not None else d.get("trial_ratios")
+    ratios = d.get("trial_ratios")
     return "" if ratios is None else json.dumps([round(x, 6) for x in ratios])
 
 
