@@ -117,7 +117,8 @@ class DGCSelector(ThresholdSelector):
                 return native.drop_smallest(idx, val, k, lower)
             if idx.size >= few or s >= n or threshold <= TINY:
                 # (at TINY every nonzero is kept: a gradient with fewer than k, an embedding's
-                # rows; the exact k-th magnitude below is then 0, and finding it took 150 ms)
+                # rows; the exact k-th magnitude below is then 0, and finding it would rank the
+                # whole bucket for nothing)
                 return idx, val
         # Both estimates overshot (or ties at zero): the exact k-th magnitude.
         threshold = max(host_rank_value(np.abs(x), k), float(TINY))

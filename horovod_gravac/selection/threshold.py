@@ -126,8 +126,8 @@ class ThresholdSelector(Selector):
         entries, 3 standard deviations down.  A gradient with fewer nonzeros than ``k`` (an
         embedding's rows, most untouched) sends all of them, which a count of at least half this
         estimate confirms; a tie in a gradient without zeros (the probe finds nearly all of them
-        nonzero) does not pass for that.  Counting them exactly would be a pass (5 ms at 6.5M
-        entries on the CPU, several times the selection) on every such call."""
+        nonzero) does not pass for that.  Counting them exactly would be one more pass over the
+        whole bucket on every such call, slower on the CPU than the selection's own fused pass."""
         n, s = work.numel(), min(work.numel(), _NONZERO_PROBE)
         if s == n:
             return float(torch.count_nonzero(work))
