@@ -215,29 +215,6 @@ def test_a_small_rise_keeps_the_wait_where_theta_min_itself_stays_near_the_thres
     assert max(sent) > 10.0 and any(h.get("signal_wait_released") for h in early.history)
 
 
-def test_a_rise_that_came_with_the_phase_of_training_is_read_against_theta_min_after_the_failure():
-    """0.1 at theta_min before the climb, 0.5 under 160x: a rise of 5 against that reading.  But
-    theta_min reads 0.45 right after the failure, so the cosine rose with training, and 160x
-    raised it only 0.5 / 0.45.  Once theta_min reads 0.2 (0.22 with that rise), 160x is free
-    again, where the rise of 5 would have kept the wait to its end (step 451)."""
-    ctrl = _gravac()
-    _observe(ctrl, 25, coherence_value=0.1)
-    _observe(ctrl, 25, coherence_value=0.5)   # fails at step 50
-    assert ctrl.history[-1]["delayed_signal"] and ctrl.signal_rise == pytest.approx(5.0)
-    _observe(ctrl, 25, coherence_value=0.45)   # theta_min's first interval after it
-    assert ctrl.history[-1]["step"] == 75 and ctrl.signal_rise == pytest.approx(0.5 / 0.45)
-    sent = _observe(ctrl, 200, coherence_value=0.2)
-    released = [h["step"] for h in ctrl.history if h.get("signal_wait_released")]
-    assert len(released) == 1 and released[0] < 451 and max(sent) == 160.0
-    # the first steps after the failure still deliver its backlog: the median reads past them
-    ctrl = _gravac()
-    _observe(ctrl, 25, coherence_value=0.1)
-    _observe(ctrl, 25, coherence_value=0.5)
-    _observe(ctrl, 5, coherence_value=0.5)
-    _observe(ctrl, 20, coherence_value=0.1)
-    assert ctrl.signal_rise == pytest.approx(5.0)
-
-
 def test_only_the_runs_first_coherence_failure_may_end_its_wait_early():
     """After a second coherence failure the doubled wait runs its course, however low the
     cosine at theta_min reads."""
