@@ -223,7 +223,7 @@ def analyse_draw(seed: int, out: str, ddp: bool) -> Optional[dict]:
             "target": target, "dense_final": scores[-1], "comm_share": share, "best_static": best_static(rows),
             "timings_ms": {k: 1000 * v for k, v in timings.items()}, "rows": rows,
             "ran_at": _read_commit(os.path.join(runs, DEFAULT, COMMIT_FILE)),
-            "trial_ratios": draw_trial_readings(seed, out)}
+            "trial_ratios": trial_readings_of_run(os.path.join(runs, DEFAULT), w.window)}
 
 
 def run_row(r: dict, times: Optional[List[float]], target: float, metric: str) -> dict:
