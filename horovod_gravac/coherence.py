@@ -121,5 +121,25 @@ def mean_coherence(values) -> Optional[float]:
     return sum(vals) / len(vals) if vals else None
 
 
+def mean_upper_bound(values, z: float) -> Optional[float]:
+    """The mean of the readings that had a value plus ``z`` standard errors of it; None with
+    fewer than two.  Consecutive readings share a gradient (the cosine at step t and at t+1
+    both contain g_t), so they are correlated: the standard error counts the effective
+    number of readings of a lag-1 autoregression, ``n (1 - r) / (1 + r)`` for the measured
+    lag-1 autocorrelation ``r`` (a negative ``r`` is taken as 0, which errs toward the larger
+    error; at least one reading)."""
+    vals = [v for v in values if v is not None]
+    n = len(vals)
+    if n < 2:
+        return None
+    mean = sum(vals) / n
+    dev = [v - mean for v in vals]
+    var = sum(d * d for d in dev) / (n - 1)
+    lag = sum(a * b for a, b in zip(dev, dev[1:])) / (n - 1)
+    r = min(max(lag / var, 0.0), 1.0) if var > 0 else 0.0
+    n_eff = max(1.0, n * (1.0 - r) / (1.0 + r))
+    return mean + z * math.sqrt(var / n_eff)
+
+
 __all__ = ["SAMPLE_MAX", "sample_stride", "CoherenceSampler", "coherence", "signal_share", "hold_coherence",
-           "mean_coherence"]
+           "mean_coherence", "mean_upper_bound"]

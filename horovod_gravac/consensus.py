@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Optional
 
 import torch
 
@@ -46,7 +47,10 @@ from .controllers import Controller, Dense, StepObservation
 from .wire import StepStats
 
 # Keys of ``optimizer.stats`` filled in by the exchange (None until it completes).
-CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compression_throughput", "next_cf")
+# ``coherence`` is the step's own rank-averaged cosine (None where none was measured), so a
+# run's log can show what a window mean was made of.
+CONSENSUS_STATS = ("gain_min", "gain_candidate", "system_throughput", "compression_throughput", "next_cf",
+                   "coherence")
 
 
 def ends_interval(controller: Controller) -> bool:
@@ -86,13 +90,15 @@ class _Exchange:
         """Forget a pending observation (elastic recovery: it belongs to the old world)."""
         self._pending = None
 
-    def _fill_stats(self, stats: dict) -> None:
-        """The consensus keys of ``optimizer.stats`` (``CONSENSUS_STATS``), once decided."""
+    def _fill_stats(self, stats: dict, obs: Optional[StepObservation]) -> None:
+        """The consensus keys of ``optimizer.stats`` (``CONSENSUS_STATS``), once decided;
+        ``obs``: the step's observation (None: not observed)."""
         ctrl = self.controller
         stats.update({"gain_min": ctrl.gain_min, "gain_candidate": ctrl.gain_candidate,
                       "system_throughput": ctrl.last.get("system_throughput"),
                       "compression_throughput": ctrl.last.get("compression_throughput"),
-                      "next_cf": ctrl.decision.send_cf})
+                      "next_cf": ctrl.decision.send_cf,
+                      "coherence": obs.coherence if obs is not None and obs.finite else None})
 
 
 class DecisionExchange(_Exchange):
@@ -107,10 +113,12 @@ class DecisionExchange(_Exchange):
         """Observe this step.  ``observe=False``: the step is not fed to the controller
         (every rank skipped it: a loss-scaler overflow, or no statistics arrived)."""
         ctrl = self.controller
+        obs = None
         if observe:
             check = ctrl.checks_at(ctrl.step + 1)
             sent = ctrl.decision   # what this step did: the same on every rank since the last check
-            ctrl.observe(observation(step_stats, step_time, world, at_boundary, comm_time))
+            obs = observation(step_stats, step_time, world, at_boundary, comm_time)
+            ctrl.observe(obs)
             if check:   # rank 0's state (and decision) on every rank
                 root = self.is_root()
                 state, root_sent = self.backend.broadcast_object((ctrl.state_dict(), sent) if root else None,
@@ -120,7 +128,7 @@ class DecisionExchange(_Exchange):
                         warnings.warn(f"horovod_gravac: rank {self.backend.rank()} sent {sent} in step {ctrl.step} but "
                                       f"rank 0 sent {root_sent}; taking rank 0's controller state")
                     ctrl.load_state_dict(state)
-        self._fill_stats(stats)
+        self._fill_stats(stats, obs)
 
     def sync_state(self, step_index: int, name: str) -> int:
         """Every rank takes rank 0's controller state and step index (once, before the
@@ -185,10 +193,12 @@ class JoinSafeExchange(_Exchange):
         if self._pending is not None:
             step_stats, _, world_, at_boundary, observe, stats, _ = self._pending
             self._pending = None
+            obs = None
             if observe:
-                ctrl.observe(observation(step_stats, buf[0].item() / max(active, 1.0), world_, at_boundary,
-                                         buf[2].item() / max(active, 1.0)))
-            self._fill_stats(stats)
+                obs = observation(step_stats, buf[0].item() / max(active, 1.0), world_, at_boundary,
+                                  buf[2].item() / max(active, 1.0))
+                ctrl.observe(obs)
+            self._fill_stats(stats, obs)
         return step_index
 
 

@@ -95,16 +95,25 @@ to a few failed intervals in all, however long it is.  A rung measured lossless 
 it sends all it owes and delays nothing (the hold's own argument above).
 
 The failure also measured how much the CF raised the cosine: the failed interval's mean
-against the window mean at theta_min that the climb was decided on (``signal_rise``, at
-least 1).  The wait ends early once the cosine at theta_min, read over a whole window after
-the failure, times that rise is under the threshold: the failed CF would then leave the
-gradient mostly noise, so the phase that failed it has passed.  The release frees the
-failed CF and the rungs below it; the rungs above stay waiting, since what they would do
-to the cosine was not measured.  Where theta_min's own cosine stays near the threshold (a
-model that only theta_min keeps), the rise read is small and the release comes no sooner
-than the wait's end would.  Only the run's first coherence failure can be released this
-way: a second one shows that the phase came back after a wait had ended, which one reading
-of the rise cannot foresee, so from then on the doubled waits run their course.
+against the window mean at theta_min that the climb was decided on (``signal_rise``, at least
+1).  That reading comes from before the failed interval.  Early in training the cosine rises
+at any CF, and a rise read against it would blame the CF for the phase.  So the rise is read
+again at the first check of theta_min after the failure, against the median cosine of that
+interval, and the smaller one is kept.  That interval is the theta_min reading nearest the
+failed one in time.  The median is used, not the mean, because the interval's first steps
+still deliver the failed CF's backlog.  The wait ends early once the cosine at theta_min,
+read over a whole window after the failure, times that rise is under the threshold with
+confidence: the window's mean plus ``RELEASE_Z`` standard errors of it
+(:func:`~horovod_gravac.coherence.mean_upper_bound`), times the rise.  The failed CF would
+then leave the gradient mostly noise, so the phase that failed it has passed.  The release
+frees the failed CF and the rungs below it; the rungs above stay waiting, since what they
+would do to the cosine was not measured.  Where theta_min's own cosine stays near the
+threshold (a model that only theta_min keeps), the rise read again is about 1, and a window
+mean just under the threshold is one noisy reading of a cosine at it: the bound keeps such a
+run waiting to the wait's end, and a rise near 1 ends the wait early only on a cosine that
+fell clearly under the threshold.  Only the run's first coherence failure can be
+released this way: a second one shows that the phase came back after a wait had ended, which
+one reading of the rise cannot foresee, so from then on the doubled waits run their course.
 """
 from __future__ import annotations
 
@@ -113,7 +122,7 @@ import statistics
 from collections import deque
 from typing import Dict, List, Optional, Tuple
 
-from ..coherence import hold_coherence, mean_coherence, signal_share
+from ..coherence import hold_coherence, mean_coherence, mean_upper_bound, signal_share
 from .base import DENSE, Decision, StepObservation
 from .delivered import window_gain
 from .gravac import GraVAC
@@ -167,6 +176,10 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
     #: The longest wait before a CF that keeps failing is tried again, in units of
     #: ``remeasure_windows``.
     RETRY_BACKOFF_MAX = 8
+    #: Standard errors above a window's mean cosine that the early end of a coherence
+    #: failure's wait reads (module doc): a one-sided bound that a window of readings whose
+    #: cosine is at the threshold crosses by chance about 2 % of the time.
+    RELEASE_Z = 2.0
 
     def _start_rule_set(self) -> None:
         self.needs_coherence = self.coherence_max is None or self.coherence_max < 1.0
@@ -405,19 +418,37 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
             restore = {rung: (at, self._retry_at[rung]) for rung, at in before.items()
                        if self._retry_at.get(rung, 0) != at}
             self._signal_wait = {"rise": max(1.0, interval_coherence / reference), "step": self.step,
-                                 "until": until, "restore": restore}
+                                 "until": until, "restore": restore, "failed": interval_coherence,
+                                 "remeasured": False}
+
+    def _remeasure_signal_rise(self, readings: List[float]) -> None:
+        """At the first check of theta_min after the first coherence failure: read the rise
+        against theta_min's cosine over that interval too, the reading nearest the failed
+        interval in time, and keep the smaller.  A cosine that rose with the phase of training
+        rose at theta_min as well, and is not the CF's doing.  The interval's median, not its
+        mean: its first steps still deliver the failed CF's backlog (module doc)."""
+        wait = self._signal_wait
+        if wait is None or wait.get("remeasured", True) or not readings:
+            return
+        wait["remeasured"] = True
+        after = statistics.median(readings)
+        if after > 0:
+            wait["rise"] = max(1.0, min(wait["rise"], wait["failed"] / after))
 
     def _end_signal_wait_early(self) -> bool:
         """End the first coherence failure's wait now, if a whole window was read at theta_min
-        since the failure and its mean cosine times ``signal_rise`` is under the threshold: the
+        since the failure and its mean cosine, plus ``RELEASE_Z`` standard errors, times
+        ``signal_rise`` is under the threshold: the
         failed CF and the rungs below it get back the waits they had before it.  True when it
         ended (module doc)."""
         wait = self._signal_wait
         if wait is not None and self.step >= wait["until"]:   # the wait ran its course
             self._signal_wait = None
             return False
-        if wait is None or self.step - wait["step"] < self.window or self.coherence is None \
-                or self.coherence * wait["rise"] >= self.hold_threshold:
+        if wait is None or self.step - wait["step"] < self.window:
+            return False
+        bound = mean_upper_bound(self._coherence_steps, self.RELEASE_Z)
+        if bound is None or bound * wait["rise"] >= self.hold_threshold:
             return False
         for rung, (before, set_to) in wait["restore"].items():
             if self._retry_at.get(rung, 0) == set_to:
@@ -453,6 +484,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         released = False
         if sent == self.theta_min0:   # (theta_min never fails on the coherence)
             self._theta_min_coherence = self.coherence
+            self._remeasure_signal_rise([c for c in readings if c is not None])
             released = not signal_rich and self._end_signal_wait_early()
         threshold = self.keep_epsilon if sent in self.kept else self.epsilon
         move, send, by_cost = "stay", sent, False
@@ -545,7 +577,8 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         wait = state.get("signal_wait")   # a checkpoint from before the early end: none pending
         self._signal_wait = None if wait is None else {
             "rise": float(wait["rise"]), "step": int(wait["step"]), "until": int(wait["until"]),
-            "restore": {float(k): (int(v[0]), int(v[1])) for k, v in wait["restore"].items()}}
+            "restore": {float(k): (int(v[0]), int(v[1])) for k, v in wait["restore"].items()},
+            "failed": wait.get("failed"), "remeasured": bool(wait.get("remeasured", True))}
         self._interval = [tuple(x) for x in state["interval"]]
         self.coherence = state.get("coherence")
         self.signal_share = state.get("signal_share")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from horovod_gravac.coherence import (SAMPLE_MAX, CoherenceSampler, coherence, hold_coherence, mean_coherence,
-                                      sample_stride, signal_share)
+                                      mean_upper_bound, sample_stride, signal_share)
 from horovod_gravac.controllers import GraVAC, StepObservation
 
 
@@ -65,15 +65,17 @@ def test_coherence_and_its_mean_skip_what_has_no_value():
 
 # -- the predictive rule set's hold -------------------------------------------------------
 def _observe(ctrl, steps, coherence_value, gain=0.999):
-    """Communication-bound steps (comm 1 s x 10 / CF) whose window gain would let it climb."""
+    """Communication-bound steps (comm 1 s x 10 / CF) whose window gain would let it climb;
+    ``coherence_value``: a reading, or a function of the step number."""
     sent = []
     for _ in range(steps):
         cf = ctrl.decision.send_cf
         sent.append(cf)
         at_check = ctrl.interval_ends_at(ctrl.step + 1)
         sums = dict(accumulated_sq=1.0, window_sent_sq=1.0, window_dot=math.sqrt(gain)) if at_check else {}
+        value = coherence_value(ctrl.step + 1) if callable(coherence_value) else coherence_value
         ctrl.observe(StepObservation(ef_sq=1.0, min_sq=0.9, candidate_sq=0.9, step_time=0.025 + 1.0 / cf,
-                                     samples=2.0, comm_time=1.0 / cf, coherence=coherence_value, **sums))
+                                     samples=2.0, comm_time=1.0 / cf, coherence=value, **sums))
     return sent
 
 
@@ -213,6 +215,61 @@ def test_a_small_rise_keeps_the_wait_where_theta_min_itself_stays_near_the_thres
     _observe(early, 30, coherence_value=0.4)
     sent = _observe(early, 400, coherence_value=0.2)
     assert max(sent) > 10.0 and any(h.get("signal_wait_released") for h in early.history)
+
+
+def test_a_rise_that_came_with_the_phase_of_training_is_read_against_theta_min_after_the_failure():
+    """0.1 at theta_min before the climb, 0.5 under 160x: a rise of 5 against that reading.  But
+    theta_min reads 0.45 right after the failure, so the cosine rose with training, and 160x
+    raised it only 0.5 / 0.45.  Once theta_min reads 0.2 (0.22 with that rise), 160x is free
+    again, where the rise of 5 would have kept the wait to its end (step 451)."""
+    ctrl = _gravac()
+    _observe(ctrl, 25, coherence_value=0.1)
+    _observe(ctrl, 25, coherence_value=0.5)   # fails at step 50
+    assert ctrl.history[-1]["delayed_signal"] and ctrl.signal_rise == pytest.approx(5.0)
+    _observe(ctrl, 25, coherence_value=0.45)   # theta_min's first interval after it
+    assert ctrl.history[-1]["step"] == 75 and ctrl.signal_rise == pytest.approx(0.5 / 0.45)
+    sent = _observe(ctrl, 200, coherence_value=0.2)
+    released = [h["step"] for h in ctrl.history if h.get("signal_wait_released")]
+    assert len(released) == 1 and released[0] < 451 and max(sent) == 160.0
+    # the first steps after the failure still deliver its backlog: the median reads past them
+    ctrl = _gravac()
+    _observe(ctrl, 25, coherence_value=0.1)
+    _observe(ctrl, 25, coherence_value=0.5)
+    _observe(ctrl, 5, coherence_value=0.5)
+    _observe(ctrl, 20, coherence_value=0.1)
+    assert ctrl.signal_rise == pytest.approx(5.0)
+
+
+def test_the_upper_bound_of_a_window_mean_counts_correlated_readings_as_fewer():
+    assert mean_upper_bound([0.3] * 50, 2.0) == pytest.approx(0.3)
+    assert mean_upper_bound([0.3], 2.0) is None and mean_upper_bound([None, 0.2, None], 2.0) is None
+    alternating = [0.2, 0.4] * 50   # anticorrelated: taken as independent
+    sd = math.sqrt(sum((v - 0.3) ** 2 for v in alternating) / 99)
+    assert mean_upper_bound(alternating + [None], 2.0) == pytest.approx(0.3 + 2 * sd / 10)
+    blocks = ([0.2] * 10 + [0.4] * 10) * 5   # the same readings in runs of ten: far fewer independent ones
+    assert mean_upper_bound(blocks, 2.0) > 0.3 + 3 * (2 * sd / 10)
+    assert mean_upper_bound(blocks, 0.0) == pytest.approx(0.3)
+
+
+def test_a_noisy_cosine_just_under_the_threshold_does_not_end_the_wait_early():
+    """The rise read again is 1 (theta_min reads as high after the failure as the failed CF
+    did), and theta_min's cosine then swings between 0.22 and 0.42: a window mean of 0.32,
+    under the threshold of 1/3 by less than its standard error.  The wait runs its course.
+    A cosine that swings as much around 0.2 ends it early."""
+    swinging = lambda centre: (lambda step: centre + (0.1 if step % 2 else -0.1))
+    for centre, releases in ((0.32, False), (0.2, True)):
+        ctrl = _gravac(theta_max=160)
+        _observe(ctrl, 50, coherence_value=0.3)
+        _observe(ctrl, 30, coherence_value=0.4)
+        assert ctrl.history[-1]["delayed_signal"]
+        _observe(ctrl, 25, coherence_value=0.42)   # theta_min's first interval after the failure
+        assert ctrl.signal_rise == pytest.approx(1.0)
+        until = ctrl._signal_wait["until"]
+        sent = _observe(ctrl, until - ctrl.step - 1, coherence_value=swinging(centre))
+        released = any(h.get("signal_wait_released") for h in ctrl.history)
+        assert released == releases and (max(sent) > 10.0) == releases
+        if not releases:
+            assert ctrl.coherence < ctrl.hold_threshold and not ctrl.holding   # not held: waiting
 
 
 def test_only_the_runs_first_coherence_failure_may_end_its_wait_early():
