@@ -428,7 +428,7 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
         rose at theta_min as well, and is not the CF's doing.  The interval's median, not its
         mean: its first steps still deliver the failed CF's backlog (module doc)."""
         wait = self._signal_wait
-        if wait is None or wait.get("remeasured", True) or not readings:
+        if wait is None or wait["remeasured"] or not readings:
             return
         wait["remeasured"] = True
         after = statistics.median(readings)
