@@ -31,14 +31,13 @@ its gain may have grown.  At two ranks every CF takes the pair exchange, which c
 than dense above about 3x, so from theta_min's default of 10 up none of this changes a
 choice there; at 8 or 16 ranks it can.
 
-The next CF maximises the paper's compression throughput (samples/s x gain) as predicted:
-the lowest rung whose predicted gain over its predicted step is within ``omega`` of the
-highest, among the rungs predicted to pass epsilon (and at most ``max_jump`` times the CF
-sent).  Epsilon bounds what a CF may lose; inside that bound, a rung that loses a larger
-share of the gradient than it saves of the step is not worth it.  Where the step time falls
-with the CF much faster than the gain (a communication-bound job), that is the fastest
-rung and the first move goes most of the way; where communication is a small part of the
-step, a higher CF buys less step time than it costs gain, so the first CF stays.
+The next CF is the lowest rung whose predicted step is within ``omega`` of the fastest
+predicted step among the rungs predicted to pass epsilon (and at most ``max_jump`` times the
+CF sent).  Compression throughput (samples/s x gain) is what the paper maximises; with the
+gain held above epsilon, the fastest step within omega is that choice without letting a
+noisy gain estimate trade accuracy for speed.  On a compute-bound job every rung is within
+omega of the fastest, so the first CF stays; on a communication-bound one the first move
+goes most of the way.
 
 A move is a trial: its check comes ``probe_steps`` steps later (a quarter window by
 default), so a CF that fails costs a short interval, and a CF that fails steps down to the
@@ -366,31 +365,24 @@ class PredictiveGraVAC(GraVAC, variant="predictive"):
                 if cf < sent and self.delivered_gain.get(cf, 0.0) >= LOSSLESS_GAIN and not self._blocked(cf)]
         return max(safe, default=self.theta_min0)
 
-    @staticmethod
-    def predict_gain(cf: float, sent: float, gain: float) -> float:
-        """The window gain predicted at ``cf`` from ``gain`` measured at ``sent``: the loss
-        ``1 - gain`` grows in proportion to the CF (module doc)."""
-        return 1.0 - max(1.0 - gain, 0.0) * cf / sent
-
     def _choose(self, sent: float, gain: float, below: float = math.inf) -> float:
-        """The lowest rung within omega of the highest predicted compression throughput (the
-        predicted gain over the predicted step) among the rungs predicted to pass epsilon, at
-        most ``max_jump`` above ``sent``, below any rung waiting after a failure (and below
-        ``below``)."""
+        """The lowest rung within omega of the fastest predicted step among the rungs predicted
+        to pass epsilon, at most ``max_jump`` above ``sent``, below any rung waiting after a
+        failure (and below ``below``)."""
+        loss = max(1.0 - gain, 0.0)
         admissible = []
         for cf in self.rungs:
             if cf > sent * (1 + 1e-9):
                 if self._blocked(cf) or cf > sent * self.MAX_JUMP * (1 + 1e-9) or cf >= below \
-                        or self.predict_gain(cf, sent, gain) < self.epsilon:
+                        or 1.0 - loss * cf / sent < self.epsilon:
                     break
             admissible.append(cf)
         times = {cf: self.predict_step(cf) for cf in admissible}
         if any(t is None for t in times.values()):
             return sent
         self.predicted_step = dict(times)
-        throughput = {cf: self.predict_gain(cf, sent, gain) / times[cf] for cf in admissible}
-        best = max(throughput.values())
-        return next(cf for cf in admissible if throughput[cf] * (1 + self.omega) >= best)
+        fastest = min(times.values())
+        return next(cf for cf in admissible if times[cf] <= fastest * (1 + self.omega))
 
     #: The largest factor one move may climb (an exponential ladder's 10 -> 160).
     MAX_JUMP = 16.0
