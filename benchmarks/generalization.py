@@ -218,7 +218,8 @@ def analyse_draw(seed: int, out: str, ddp: bool) -> Optional[dict]:
             times = None if any(t is None for t in per_step) else list(_cumsum(per_step))
         else:
             times = A.curve(r)
-        rows[name] = run_row(r, times, target, metric)
+        rows[name] = dict(run_row(r, times, target, metric),
+                          ran_at=_read_commit(os.path.join(runs, name, COMMIT_FILE)))
     return {"seed": seed, "family": w.family, "workload": w.describe(), "metric": metric,
             "target": target, "dense_final": scores[-1], "comm_share": share, "best_static": best_static(rows),
             "timings_ms": {k: 1000 * v for k, v in timings.items()}, "rows": rows,
@@ -261,13 +262,14 @@ def archived_draw(seed: int, out: str) -> Optional[dict]:
 
     rows = {r["config"]: {"final": num(r["final"]), "tta_s": num(r["tta_s"]), "timed": r["timed"] == "True",
                           "train_s": num(r["train_s"]), "median_cf": num(r["median_cf"]),
-                          "mean_step_ms": num(r["mean_step_ms"]), "ranks_identical": r["ranks_identical"] == "True"}
+                          "mean_step_ms": num(r["mean_step_ms"]), "ranks_identical": r["ranks_identical"] == "True",
+                          "ran_at": r.get("ran_at") or "unknown"}
             for r in mine}
     first = mine[0]
     return {"seed": seed, "family": first["family"], "workload": first["workload"], "metric": W.draw(seed).metric,
             "target": num(first["target"]), "dense_final": rows.get("dense", {}).get("final"),
             "comm_share": num(first["comm_share"]), "best_static": best_static(rows), "timings_ms": {},
-            "rows": rows, "ran_at": first.get("ran_at") or "unknown",
+            "rows": rows, "ran_at": rows.get(DEFAULT, {}).get("ran_at") or first.get("ran_at") or "unknown",
             "trial_ratios": next((json.loads(r["trial_loss_ratios"]) for r in mine
                                   if r["config"] == DEFAULT and r.get("trial_loss_ratios")), None)}
 
@@ -276,15 +278,16 @@ def with_adaptive_runs(draw: dict, runs: str, ddp: bool) -> dict:
     """An archived ``draw`` with the adaptive runs now on disk in ``runs`` in place of its
     rows: an adaptive configuration is timed by its own run at the rate, so it can be trained
     again (``--only gravac``, say, after its rule changed) and judged against the archived
-    fixed configurations and target.  Its commit becomes the draw's ``ran_at``, and its trial
-    readings the draw's."""
+    fixed configurations and target.  Its commit becomes the draw's ``ran_at`` and its row's,
+    and its trial readings the draw's; the fixed rows keep the commit they ran at."""
     for name, (_, kind) in configs(ddp).items():
         r = load(os.path.join(runs, name)) if kind == "adaptive" else None   # (fixed rows stay archived)
         if r is None:
             continue
-        draw["rows"][name] = run_row(r, A.curve(r), draw["target"], draw["metric"])
+        commit = _read_commit(os.path.join(runs, name, COMMIT_FILE))
+        draw["rows"][name] = dict(run_row(r, A.curve(r), draw["target"], draw["metric"]), ran_at=commit)
         if name == DEFAULT:
-            draw["ran_at"] = _read_commit(os.path.join(runs, name, COMMIT_FILE))
+            draw["ran_at"] = commit
             draw["trial_ratios"] = trial_readings_of_run(os.path.join(runs, name), W.draw(draw["seed"]).window)
     return draw
 
@@ -485,7 +488,7 @@ def report(draws: List[dict], out: str, ddp: bool, seeds: Sequence[int],
         for n, r in d["rows"].items():
             flat.append({"seed": d["seed"], "family": d["family"], "workload": d["workload"],
                          "comm_share": d["comm_share"], "target": d["target"], "ran_at": d.get("ran_at"),
-                         "config": n, **r,
+                         "config": n, **r,   # (a row's own ran_at, where it has one, in that column)
                          "vs_best_static": ratio(r["tta_s"], d["rows"].get(d["best_static"], {}).get("tta_s")
                                                  if d["best_static"] else None),
                          "vs_accordion": ratio(r["tta_s"], d["rows"].get("accordion", {}).get("tta_s")),

@@ -1,5 +1,6 @@
 """benchmarks/workloads.py (the workload family) and benchmarks/generalization.py's analysis, on
 synthetic run directories (no network; one real 2-rank run of one draw)."""
+import csv
 import json
 import math
 import os
@@ -183,6 +184,7 @@ def test_an_adaptive_run_trained_again_is_judged_against_the_archived_draw(tmp_p
     write_run(runs / "topk100", [100] * 8, [90, 96, 97.7, 98])
     write_run(runs / "gravac", [10] * 8, [90, 96, 97, 97], step_s=0.05)        # never
     (runs / "gravac" / G.COMMIT_FILE).write_text("old1234\n")
+    (runs / "topk100" / G.COMMIT_FILE).write_text("old1234\n")
     write_run(runs / "time-dense", [1] * 10, [], step_s=1.0)
     write_run(runs / "time-topk100", [100] * 10, [], step_s=0.2)
     d = G.analyse_draw(seed, str(tmp_path), ddp=False)
@@ -198,6 +200,11 @@ def test_an_adaptive_run_trained_again_is_judged_against_the_archived_draw(tmp_p
         {n: r for n, r in d["rows"].items() if n != "gravac"}                 # the fixed rows as archived
     G.report([again], str(tmp_path), ddp=False, seeds=[seed])
     assert "`gravac` runs at " + str(seed) + " at new5678" in (tmp_path / "results.md").read_text()
+    # each row says which code it ran: the fixed rows keep the commit they were timed at
+    with open(tmp_path / "draws.csv", newline="") as f:
+        commits = {r["config"]: r["ran_at"] for r in csv.DictReader(f)}
+    assert commits["gravac"] == "new5678" and commits["topk100"] == "old1234"
+    assert G.analyse_draw(seed, str(tmp_path), ddp=False)["rows"]["topk100"]["ran_at"] == "old1234"
 
 
 def test_trial_readings_pair_a_passed_trial_with_the_full_window_after_it(tmp_path):
