@@ -26,7 +26,7 @@ def controller(args):
         return hg.StaticCF(args.cf)
     if args.controller == "accordion":
         return hg.Accordion(low_cf=args.theta_min, high_cf=args.theta_max, threshold=0.5, interval=args.window)
-    # --epsilon unset: the default rule set's own epsilon (0.95; 0.7 is the paper's rule set's).
+    # --epsilon unset: the default rule set's own epsilon (DEFAULT_EPSILON in controllers/gravac.py).
     return hg.GraVAC(theta_min=args.theta_min, theta_max=args.theta_max, window=args.window,
                      **({} if args.epsilon is None else {"epsilon": args.epsilon}))
 
