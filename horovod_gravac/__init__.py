@@ -2,7 +2,8 @@
 
 Replace ``hvd.DistributedOptimizer(opt, named_parameters=...)`` with
 ``horovod_gravac.DistributedOptimizer(opt, named_parameters=..., compressor=TopKCompressor,
-controller=GraVAC(theta_min=10, theta_max=1000, epsilon=0.7))``.
+controller=GraVAC(theta_min=10, theta_max=1000, window=500))``: the default rule set and its own
+epsilon (``epsilon=0.7`` is the paper's rule set's, ``GraVAC(variant="paper")``).
 """
 from .controllers import (Accordion, Controller, Decision, DeliveredGraVAC, Dense, GraVAC, LadderGraVAC, PaperGraVAC,
                           PredictiveGraVAC,
