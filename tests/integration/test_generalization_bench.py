@@ -274,6 +274,25 @@ def test_goals_count_misses_and_ties():
                                            draw(24, 0.1, 1.04, 1.0, 1.0)])}[compute_bound]["pass"]
 
 
+def test_ddp_goal_against_the_hooks_that_reach_the_target():
+    def draw(seed, default, **hooks):
+        rows = {"gravac": {"tta_s": default, "timed": True}, "accordion": {"tta_s": None, "timed": True},
+                "topk10": {"tta_s": 1.0, "timed": True}}
+        rows.update({h: {"tta_s": t, "timed": True} for h, t in hooks.items()})
+        return {"seed": seed, "comm_share": 0.6, "best_static": "topk10", "rows": rows}
+    goal = "no slower than each DDP hook that reaches the target (fp16, PowerSGD ranks 1, 2, 4)"
+    # Horovod draws have no hooks: no such row
+    assert goal not in {c["goal"] for c in G.goals([draw(1, 1.0)])}
+    # a hook that never reaches does not count against the default; one that is faster does,
+    # and so does one that reaches where the default misses
+    checks = {c["goal"]: c for c in G.goals([draw(1, 1.0, fp16=2.0, powersgd1=None),
+                                             draw(2, 1.0, fp16=3.0, powersgd4=0.9),
+                                             draw(3, None, fp16=5.0, powersgd2=None)])}
+    assert not checks[goal]["pass"]
+    assert checks[goal]["measured"] == "on 1 of 3 draws; slower than powersgd4 on [2]; slower than fp16 on [3]"
+    assert {c["goal"]: c for c in G.goals([draw(1, 1.0, fp16=2.0, powersgd1=None)])}[goal]["pass"]
+
+
 @pytest.mark.parallel
 @pytest.mark.slow
 def test_one_draw_trains_on_two_ranks(tmp_path):
