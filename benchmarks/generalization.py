@@ -81,9 +81,9 @@ DDP_CONFIGS: Dict[str, Tuple[str, str]] = {
     "accordion": ("accordion", "fixed"),
     "gravac": ("gravac", "adaptive"),
 }
-#: DDP's own hooks among the DDP configurations: the issue's bar under DDP is to beat each that
-#: reaches the target.
-DDP_HOOKS = ("fp16", "powersgd1", "powersgd2", "powersgd4")
+#: DDP's own hooks: the DDP configurations Horovod has no twin of.  The issue's bar under DDP
+#: is to beat each that reaches the target.
+DDP_HOOKS = tuple(name for name in DDP_CONFIGS if name not in HOROVOD_CONFIGS)
 
 
 def log(msg: str) -> None:
@@ -353,15 +353,14 @@ def goals(draws: List[dict], judged: str = DEFAULT) -> List[dict]:
                 "pass": not bad})
     with_hooks = [d for d in comm if any(h in d["rows"] for h in DDP_HOOKS)]
     if with_hooks:   # (DDP draws only)
-        slower = {}
-        for d in with_hooks:
+        slower: Dict[str, List[int]] = {}   # hook -> the draws where it beat the default (a hook that
+        for d in with_hooks:                # never reaches ties or loses: ratio_or_tie)
             for h in DDP_HOOKS:
-                if h in d["rows"] and ratio_or_tie(d["rows"][judged]["tta_s"], d["rows"][h]["tta_s"]) > 1.0 \
-                        and d["rows"][h]["tta_s"] is not None:
+                if h in d["rows"] and ratio_or_tie(d["rows"][judged]["tta_s"], d["rows"][h]["tta_s"]) > 1.0:
                     slower.setdefault(h, []).append(d["seed"])
-        beaten = sum(all(d["seed"] not in seeds for seeds in slower.values()) for d in with_hooks)
+        lost = {seed for seeds in slower.values() for seed in seeds}
         out.append({"goal": "no slower than each DDP hook that reaches the target (fp16, PowerSGD ranks 1, 2, 4)",
-                    "measured": f"on {beaten} of {len(with_hooks)} draws"
+                    "measured": f"on {len(with_hooks) - len(lost)} of {len(with_hooks)} draws"
                     + "".join(f"; slower than {h} on {seeds}" for h, seeds in slower.items()),
                     "pass": not slower})
     return out
